@@ -1,0 +1,47 @@
+"""A user-defined search space with a conditional part, a user-written Trainer, and regularized evolution."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from sklearn.datasets import load_digits
+
+import nasplat
+from nasplat import Choice, Float, Trainer
+
+# The optimizer is a conditional decision: `momentum` exists only with SGD, `beta1` only with Adam.
+space = {
+    "hidden": Choice([16, 32, 64]),
+    "lr": Float(1e-3, 3e-1, log=True),
+    "optimizer": Choice([{"name": "sgd", "momentum": Float(0.0, 0.95)}, {"name": "adam", "beta1": Float(0.8, 0.95)}]),
+}
+x, y = load_digits(return_X_y=True)
+order = torch.randperm(len(y), generator=torch.Generator().manual_seed(0))  # a fixed split: 1,500 train, 297 test
+x, y = torch.tensor(x / 16.0, dtype=torch.float32)[order], torch.tensor(y)[order]
+
+
+class MLPTrainer(Trainer):
+    def setup(self, config, ctx):
+        torch.manual_seed(ctx.seed)
+        self.model = torch.nn.Sequential(torch.nn.Linear(64, config["hidden"]), torch.nn.ReLU(),
+                                         torch.nn.Linear(config["hidden"], 10))
+        opt = config["optimizer"]
+        self.opt = torch.optim.SGD(self.model.parameters(), config["lr"], momentum=opt["momentum"]) \
+            if opt["name"] == "sgd" else torch.optim.Adam(self.model.parameters(), config["lr"], (opt["beta1"], 0.999))
+
+    def step(self):  # 20 full-batch updates, then a test
+        for _ in range(20):
+            self.opt.zero_grad()
+            F.cross_entropy(self.model(x[:1500]), y[:1500]).backward()
+            self.opt.step()
+        with torch.no_grad():
+            return {"test_acc": (self.model(x[1500:]).argmax(1) == y[1500:]).float().mean().item()}
+
+
+if __name__ == "__main__":
+    torch.set_num_threads(1)
+    result = nasplat.run(trainer=MLPTrainer, space=space, controller="evolution", metric="test_acc",
+                         controller_options={"population_size": 8, "sample_size": 3}, max_trials=24, max_steps=5,
+                         executor="local", seed=0)
+    best = result.best
+    print(f"best test_acc={best['test_acc']:.4f} (trial {best['trial_id']}, step {best['step']}): {best['config']}")

@@ -1,0 +1,116 @@
+"""The `nasplat` command: run, resume, status, report and serve experiments."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import nasplat
+from nasplat.experiment import load_experiment
+from nasplat.results import ExperimentResult
+
+
+def _print_summary(result: ExperimentResult, top: int = 10) -> None:
+    counts = result.counts()
+    print(f"trials: {sum(counts.values())} ({', '.join(f'{n} {s}' for s, n in sorted(counts.items()))})")
+    ranked = result.ranked()[:top]
+    if not ranked:
+        print("no trial reported a finite metric yet")
+        return
+    import pandas as pd
+
+    final = result.final_status()
+    rows = [{"trial": r["trial_id"], "best at step": r["step"], result.metric: r[result.metric],
+             "status": final[r["trial_id"]], "config": str(r["config"])[:90]} for r in ranked]
+    with pd.option_context("display.max_colwidth", 90, "display.width", 160):
+        print(pd.DataFrame(rows).to_string(index=False))
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    kwargs = load_experiment(args.experiment, executor=args.executor, storage=args.storage, name=args.name)
+    if args.address:
+        if kwargs["executor"] != "ray":
+            raise SystemExit(f"--address needs executor 'ray', got {kwargs['executor']!r}")
+        kwargs["executor_options"]["address"] = args.address
+    result = nasplat.run(**kwargs, progress=not args.quiet)
+    if result.path is not None:
+        print(f"results: {result.path}  (nasplat status {result.path} · nasplat report {result.path})")
+    _print_summary(result, top=5)
+    return 0
+
+
+def cmd_resume(args: argparse.Namespace) -> int:
+    result = nasplat.resume(args.folder, progress=not args.quiet)
+    print(f"results: {result.path}")
+    _print_summary(result, top=5)
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    result = ExperimentResult.load(args.folder)
+    print(f"experiment {Path(args.folder).name}: metric {result.metric} ({result.mode})")
+    _print_summary(result, top=args.top)
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from nasplat.report import build_report
+
+    print(f"report: {build_report(args.folder)}")
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from nasplat.serve import serve
+
+    server, url = serve(args.folder, port=args.port, host=args.host)
+    print(f"serving the live report of {args.folder} at {url} (Ctrl-C to stop)", flush=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        server.shutdown()
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    top = argparse.ArgumentParser(prog="nasplat", description="Population and architecture search on Ray.")
+    sub = top.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="run an experiment file (YAML)")
+    run.add_argument("experiment", help="path to experiment.yaml")
+    run.add_argument("--executor", choices=["ray", "local", "simulated"], help="override the file's executor")
+    run.add_argument("--address", help="attach to this Ray cluster (default: $RAY_ADDRESS, else a local Ray)")
+    run.add_argument("--storage", help="override the file's storage folder")
+    run.add_argument("--name", help="override the experiment name")
+    run.add_argument("--quiet", action="store_true", help="no progress line")
+    run.set_defaults(func=cmd_run)
+    resume = sub.add_parser("resume", help="finish a killed experiment from its folder")
+    resume.add_argument("folder")
+    resume.add_argument("--quiet", action="store_true")
+    resume.set_defaults(func=cmd_resume)
+    status = sub.add_parser("status", help="a table of the best trials of an experiment folder")
+    status.add_argument("folder")
+    status.add_argument("--top", type=int, default=10)
+    status.set_defaults(func=cmd_status)
+    report = sub.add_parser("report", help="write a self-contained HTML report into the experiment folder")
+    report.add_argument("folder")
+    report.set_defaults(func=cmd_report)
+    serve = sub.add_parser("serve", help="serve the report live while the experiment runs")
+    serve.add_argument("folder")
+    serve.add_argument("--port", type=int, default=8265 + 100)
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.set_defaults(func=cmd_serve)
+    return top
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except (ValueError, TypeError, FileNotFoundError, FileExistsError) as exc:
+        print(f"nasplat {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

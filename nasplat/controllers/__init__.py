@@ -1,0 +1,23 @@
+"""Search controllers: pure-Python ask/tell strategies, no Ray import."""
+
+from nasplat.controllers.base import (
+    CONTINUE, STOP, Continue, Controller, Decision, Exploit, Result, Stop, TrialSpec,
+)
+from nasplat.controllers.evolution import RegularizedEvolution
+from nasplat.controllers.optuna_sampler import OptunaSampler
+from nasplat.controllers.pbt import PopulationBasedTraining
+from nasplat.controllers.random_search import RandomSearch
+from nasplat.controllers.reinforce import Reinforce
+
+CONTROLLERS: dict[str, type[Controller]] = {
+    "random": RandomSearch,
+    "evolution": RegularizedEvolution,
+    "pbt": PopulationBasedTraining,
+    "reinforce": Reinforce,
+    "optuna": OptunaSampler,
+}
+
+__all__ = [
+    "CONTINUE", "CONTROLLERS", "STOP", "Continue", "Controller", "Decision", "Exploit", "OptunaSampler",
+    "PopulationBasedTraining", "RandomSearch", "RegularizedEvolution", "Reinforce", "Result", "Stop", "TrialSpec",
+]

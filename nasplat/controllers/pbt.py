@@ -1,0 +1,89 @@
+"""Population based training (Jaderberg et al., 2017): exploit the top quantile, explore by perturbing."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from nasplat.controllers.base import CONTINUE, Controller, Decision, Exploit, Result, TrialSpec
+from nasplat.domains import copy_config, random_index
+from nasplat.space import Config, Space
+
+
+class PopulationBasedTraining(Controller):
+    """A population of `population_size` members trained side by side.
+
+    Every `perturbation_interval` steps a member ranked in the bottom `quantile_fraction` of the members
+    still training copies the state of one from the top quantile (`Exploit`) and continues with the
+    donor's config perturbed (`Space.perturb`, resampling each decision with `resample_probability`).
+    A failed or NaN report ranks the member last until it reports a finite score again.
+    """
+
+    def __init__(self, space: Space | Mapping[str, Any], *, population_size: int = 4, perturbation_interval: int = 5,
+                 quantile_fraction: float = 0.25, resample_probability: float = 0.25,
+                 initial_configs: Sequence[Config] = (), **kwargs: Any) -> None:
+        super().__init__(space, **kwargs)
+        if not isinstance(population_size, int) or population_size < 2:
+            raise ValueError(f"`population_size` must be an integer >= 2, got {population_size=!r}")
+        if not isinstance(perturbation_interval, int) or perturbation_interval < 1:
+            raise ValueError(f"`perturbation_interval` must be an integer >= 1, got {perturbation_interval=!r}")
+        if not 0.0 < quantile_fraction <= 0.5:
+            raise ValueError(f"`quantile_fraction` must be in (0, 0.5], got {quantile_fraction=!r}")
+        if not 0.0 <= resample_probability <= 1.0:
+            raise ValueError(f"`resample_probability` must be in [0, 1], got {resample_probability=!r}")
+        if len(initial_configs) > population_size:
+            raise ValueError(f"got {len(initial_configs)} `initial_configs` for {population_size=}")
+        for config in initial_configs:
+            self.space.validate(config)
+        self.population_size, self.perturbation_interval = population_size, perturbation_interval
+        self.quantile_fraction, self.resample_probability = quantile_fraction, resample_probability
+        self.initial_configs = [dict(c) for c in initial_configs]
+        self.configs: dict[int, Config] = {}
+        self.scores: dict[int, float] = {}  # latest score of each member still training
+        self.exploits: list[tuple[int, int, int]] = []  # (step, member, donor)
+
+    def ask(self) -> TrialSpec | None:
+        if self.next_trial_id >= self.population_size:
+            return None
+        index = self.next_trial_id
+        config = self.initial_configs[index] if index < len(self.initial_configs) else self.space.sample(self.rng)
+        spec = self._propose(copy_config(config))
+        self.configs[spec.trial_id] = copy_config(config)
+        return spec
+
+    @property
+    def min_concurrency(self) -> int:
+        """Members must train side by side: the engine refuses fewer concurrent trials."""
+        return self.population_size
+
+    def quantiles(self) -> tuple[list[int], list[int]]:
+        """(bottom, top) member ids among those still training, ranked by their latest score.
+
+        A member whose latest report failed (NaN) ranks last and is never in the top.
+        """
+        ranked = sorted(self.scores, key=lambda t: (self.scores[t], -t))
+        n = min(math.ceil(len(ranked) * self.quantile_fraction), len(ranked) // 2)
+        top = [t for t in ranked[len(ranked) - n:] if self.scores[t] > -math.inf] if n else []
+        return ranked[:n], top
+
+    def on_result(self, trial_id: int, result: Result) -> Decision:
+        score = self._score_of(trial_id, result)
+        if trial_id not in self.configs:  # not a member of this population
+            return CONTINUE
+        self.scores[trial_id] = -math.inf if score is None else score
+        if result.step < 1 or result.step % self.perturbation_interval != 0:
+            return CONTINUE
+        bottom, top = self.quantiles()
+        if trial_id not in bottom or not top:
+            return CONTINUE
+        donor = int(top[random_index(self.rng, len(top))])
+        config = self.space.perturb(self.configs[donor], self.rng, resample_probability=self.resample_probability)
+        self.configs[trial_id] = config
+        self.exploits.append((result.step, trial_id, donor))
+        return Exploit(donor, copy_config(config))
+
+    def tell(self, trial_id: int, result: Result) -> None:
+        self._score_of(trial_id, result)
+        self.scores.pop(trial_id, None)  # a finished member's state is no longer available to copy
+        self.configs.pop(trial_id, None)

@@ -1,0 +1,58 @@
+"""REINFORCE (Williams, 1992) over the space's encoded decisions, with a moving-average baseline."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from nasplat.controllers.base import Controller, Result, TrialSpec
+from nasplat.space import Space
+
+
+class Reinforce(Controller):
+    """A factorised categorical policy, one softmax per token of `Space.encode`.
+
+    After each result the logits move by `learning_rate * (reward - baseline) * grad log p(tokens)`;
+    the baseline is an exponential moving average of rewards with decay `baseline_decay`.
+    """
+
+    def __init__(self, space: Space | Mapping[str, Any], *, learning_rate: float = 0.05,
+                 baseline_decay: float = 0.9, **kwargs: Any) -> None:
+        super().__init__(space, **kwargs)
+        if not learning_rate > 0:
+            raise ValueError(f"`learning_rate` must be > 0, got {learning_rate=!r}")
+        if not 0.0 <= baseline_decay < 1.0:
+            raise ValueError(f"`baseline_decay` must be in [0, 1), got {baseline_decay=!r}")
+        self.learning_rate, self.baseline_decay = learning_rate, baseline_decay
+        self.logits = [np.zeros(n) for n in self.space.cardinalities()]
+        self.baseline: float | None = None
+        self.pending: dict[int, list[int]] = {}
+
+    def probabilities(self) -> list[np.ndarray]:
+        """The policy's current distribution at each token position."""
+        out = []
+        for logits in self.logits:
+            p = np.exp(logits - logits.max())
+            out.append(p / p.sum())
+        return out
+
+    def ask(self) -> TrialSpec:
+        tokens = [int(self.rng.choice(len(p), p=p)) for p in self.probabilities()]
+        spec = self._propose(self.space.decode(tokens))
+        self.pending[spec.trial_id] = tokens
+        return spec
+
+    def tell(self, trial_id: int, result: Result) -> None:
+        reward = self._score_of(trial_id, result)
+        tokens = self.pending.pop(trial_id, None)
+        if tokens is None or reward is None:
+            return
+        self.baseline = reward if self.baseline is None else (
+            self.baseline_decay * self.baseline + (1.0 - self.baseline_decay) * reward)
+        advantage = reward - self.baseline
+        for logits, p, token in zip(self.logits, self.probabilities(), tokens):
+            grad = -p
+            grad[token] += 1.0
+            logits += self.learning_rate * advantage * grad

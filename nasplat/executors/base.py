@@ -1,0 +1,61 @@
+"""What the engine needs from the place trials run: launch, step, exploit, stop, wait."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any
+
+from nasplat.space import Config
+
+
+@dataclass(frozen=True)
+class StepEvent:
+    """One finished step of a trial: its metrics, or the error that ended the attempt."""
+
+    trial_id: int
+    metrics: dict[str, Any] | None
+    error: str | None
+    start: float
+    end: float
+    node: str = ""
+    pid: int = 0
+
+
+class Executor(ABC):
+    """Runs trials of one trainer class; `concurrency` trials at once; reports steps as they finish."""
+
+    concurrency: int
+
+    @abstractmethod
+    def open(self, trainer: type, experiment: str) -> None:
+        """Get ready to run `trainer` trials for the experiment named `experiment`."""
+
+    @abstractmethod
+    def now(self) -> float:
+        """Seconds since `open`, on this executor's clock (wall or simulated)."""
+
+    @abstractmethod
+    def launch(self, trial_id: int, config: Config, seed: int, state: Any = None) -> None:
+        """Set the trial up (loading `state` when given) and start its first step."""
+
+    @abstractmethod
+    def step(self, trial_id: int) -> None:
+        """Start the trial's next step."""
+
+    @abstractmethod
+    def exploit(self, trial_id: int, donor_id: int, config: Config) -> Any:
+        """Copy `donor_id`'s current state into the trial, put `config` in effect, start its next step.
+
+        Returns a handle to the donor state it loaded: a retry of the trial restarts from it."""
+
+    @abstractmethod
+    def stop(self, trial_id: int) -> None:
+        """End the trial and free what it held."""
+
+    @abstractmethod
+    def wait(self) -> list[StepEvent]:
+        """Block until at least one started step finishes; return every finished one."""
+
+    def close(self) -> None:
+        """Release everything."""

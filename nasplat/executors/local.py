@@ -1,0 +1,125 @@
+"""In-process executors: `local` (wall clock) and `simulated` (a virtual clock driven by reported cost)."""
+
+from __future__ import annotations
+
+import copy
+import heapq
+import os
+import socket
+import time
+import traceback
+from collections import deque
+from typing import Any
+
+from nasplat.executors.base import Executor, StepEvent
+from nasplat.space import Config
+from nasplat.trainer import Trainer, WorkerContext, start
+
+
+class LocalExecutor(Executor):
+    """Runs trials in this process, one step at a time, interleaving up to `concurrency` trials."""
+
+    def __init__(self, concurrency: int = 1) -> None:
+        if not isinstance(concurrency, int) or concurrency < 1:
+            raise ValueError(f"`concurrency` must be an integer >= 1, got {concurrency=!r}")
+        self.concurrency = concurrency
+        self.trainers: dict[int, Trainer] = {}
+        self.queue: deque[int] = deque()
+        self.failed_setup: dict[int, str] = {}
+        self.node, self.pid = socket.gethostname(), os.getpid()
+
+    def open(self, trainer: type, experiment: str) -> None:
+        self.trainer_cls, self.experiment = trainer, experiment
+        self.t0 = time.perf_counter()
+
+    def now(self) -> float:
+        return time.perf_counter() - self.t0
+
+    def launch(self, trial_id: int, config: Config, seed: int, state: Any = None) -> None:
+        try:
+            trainer = start(self.trainer_cls(), config, WorkerContext(trial_id=trial_id, seed=seed))
+            if state is not None:
+                trainer.load_state_dict(copy.deepcopy(state))
+            self.trainers[trial_id] = trainer
+        except Exception:
+            self.failed_setup[trial_id] = traceback.format_exc()
+        self.step(trial_id)
+
+    def step(self, trial_id: int) -> None:
+        self.queue.append(trial_id)
+
+    def exploit(self, trial_id: int, donor_id: int, config: Config) -> Any:
+        trainer = self.trainers[trial_id]
+        state = copy.deepcopy(self.trainers[donor_id].state_dict())
+        try:
+            trainer.load_state_dict(copy.deepcopy(state))
+            trainer.update_config(config)
+            trainer.config = config
+        except Exception:
+            self.failed_setup[trial_id] = traceback.format_exc()
+        self.step(trial_id)
+        return state
+
+    def stop(self, trial_id: int) -> None:
+        self.trainers.pop(trial_id, None)
+
+    def run_step(self, trial_id: int) -> StepEvent:
+        begin = self.now()
+        error = self.failed_setup.pop(trial_id, None)
+        metrics = None
+        if error is None:
+            try:
+                metrics = dict(self.trainers[trial_id].step())
+            except Exception:
+                error = traceback.format_exc()
+        return StepEvent(trial_id, metrics, error, begin, self.now(), self.node, self.pid)
+
+    def wait(self) -> list[StepEvent]:
+        if not self.queue:
+            raise RuntimeError("wait() called with no step running")
+        return [self.run_step(self.queue.popleft())]
+
+
+class SimulatedExecutor(LocalExecutor):
+    """`concurrency` virtual workers on a simulated clock.
+
+    Each step runs at once in this process, and finishes `metrics[cost_key]` simulated seconds after it
+    started; `wait` returns steps in order of finishing time, so asynchrony is modelled exactly and
+    deterministically (ties broken by start order).
+    """
+
+    def __init__(self, concurrency: int = 1, *, cost_key: str = "time_cost") -> None:
+        super().__init__(concurrency)
+        self.cost_key = cost_key
+        self.clock = 0.0
+        self.heap: list[tuple[float, int, StepEvent]] = []
+        self.sequence = 0
+
+    def open(self, trainer: type, experiment: str) -> None:
+        super().open(trainer, experiment)
+        self.clock = 0.0
+
+    def now(self) -> float:
+        return self.clock
+
+    def step(self, trial_id: int) -> None:
+        event = self.run_step(trial_id)
+        cost = 0.0
+        if event.metrics is not None:
+            try:
+                cost = float(event.metrics[self.cost_key])
+            except (KeyError, TypeError, ValueError):
+                event = StepEvent(trial_id, None, f"the simulated executor needs a numeric {self.cost_key!r} metric "
+                                  f"(simulated seconds of the step), got metrics {event.metrics!r}",
+                                  event.start, event.end)
+        finish = self.clock + max(cost, 0.0)
+        event = StepEvent(trial_id, event.metrics, event.error, self.clock, finish, event.node, event.pid)
+        heapq.heappush(self.heap, (finish, self.sequence, event))
+        self.sequence += 1
+
+    def wait(self) -> list[StepEvent]:
+        if not self.heap:
+            raise RuntimeError("wait() called with no step running")
+        finish, _, event = heapq.heappop(self.heap)
+        self.clock = finish
+        return [event]

@@ -1,0 +1,90 @@
+"""The Trainer API users implement, and the WorkerContext each worker of a trial sees."""
+
+from __future__ import annotations
+
+import importlib
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any
+
+from nasplat.space import Config
+
+
+@dataclass
+class WorkerContext:
+    """Where a trainer runs: its rank in the trial's gang, the device, a per-rank seed.
+
+    With one worker `prepare` returns its arguments unchanged; the distributed core hands multi-worker
+    trials a context whose `prepare` wires the chosen backend (allreduce, async, gossip) in.
+    """
+
+    trial_id: int = 0
+    rank: int = 0
+    world_size: int = 1
+    seed: int = 0
+    device: str = "cpu"
+    extras: dict[str, Any] = field(default_factory=dict)
+
+    def shard(self, dataset: Any) -> Any:
+        """This rank's share of `dataset`: every `world_size`-th item starting at `rank`."""
+        if self.world_size == 1:
+            return dataset
+        return dataset[self.rank::self.world_size]
+
+    def prepare(self, model: Any, optimizer: Any = None) -> tuple[Any, Any]:
+        """Wire the trial's backend into `model`/`optimizer`; a no-op for one worker."""
+        return model, optimizer
+
+
+class Trainer(ABC):
+    """One trial's training loop, driven step by step by the engine.
+
+    `setup` builds the model from `config`; `step` trains a unit (an epoch, some batches, one evaluation)
+    and returns metrics; `state_dict`/`load_state_dict` move the state (PBT exploit, retries).
+    """
+
+    config: Config
+    ctx: WorkerContext
+
+    @abstractmethod
+    def setup(self, config: Config, ctx: WorkerContext) -> None: ...
+
+    @abstractmethod
+    def step(self) -> dict[str, Any]: ...
+
+    def state_dict(self) -> dict[str, Any]:
+        raise NotImplementedError(f"{type(self).__name__} does not implement state_dict(); PBT exploit needs it")
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        raise NotImplementedError(f"{type(self).__name__} does not implement load_state_dict(); PBT exploit needs it")
+
+    def update_config(self, config: Config) -> None:
+        """Put `config` in effect after an exploit. The default rebuilds through `setup`, keeping the state;
+        override it to change only what differs (an optimizer's learning rate, say)."""
+        state = self.state_dict()
+        start(self, config, self.ctx)
+        self.load_state_dict(state)
+
+
+def start(trainer: Trainer, config: Config, ctx: WorkerContext) -> Trainer:
+    """Attach `config` and `ctx` to `trainer`, then call its `setup`."""
+    trainer.config, trainer.ctx = config, ctx
+    trainer.setup(config, ctx)
+    return trainer
+
+
+def resolve(target: Any, *, what: str) -> Any:
+    """An object given directly or by dotted path (`package.module:attribute`)."""
+    if not isinstance(target, str):
+        return target
+    module_name, sep, attribute = target.partition(":")
+    if not sep or not module_name or not attribute:
+        raise ValueError(f"{what} must be an object or a dotted path 'package.module:attribute', got {target!r}")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ValueError(f"{what} {target!r}: cannot import module {module_name!r} ({exc})") from exc
+    try:
+        return getattr(module, attribute)
+    except AttributeError:
+        raise ValueError(f"{what} {target!r}: module {module_name!r} has no attribute {attribute!r}") from None

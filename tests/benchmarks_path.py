@@ -1,0 +1,10 @@
+"""Importing this puts the repository's benchmarks/ folder on sys.path (benchmarks are scripts, not a package)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+if str(BENCHMARKS) not in sys.path:
+    sys.path.insert(0, str(BENCHMARKS))

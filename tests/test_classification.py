@@ -1,0 +1,161 @@
+"""Real training with `trainers.classification` and the CNN spaces of `search_spaces.cnn` (CPU, < 60 s)."""
+
+from __future__ import annotations
+
+import copy
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import yaml
+
+import nasplat
+from nasplat.trainer import WorkerContext, resolve, start
+from search_spaces.cnn import PBT_ARCHITECTURE, build_model, pbt_space, space, space_1d
+from trainers.classification import ClassificationTrainer
+
+ROOT = Path(__file__).resolve().parents[1]
+
+GOOD = {"depth": copy.deepcopy(PBT_ARCHITECTURE), "head": 64, "lr": 0.05, "momentum": 0.9, "batch_size": 32,
+        "weight_decay": 1e-4}
+
+
+def make(config: dict, seed: int = 0) -> ClassificationTrainer:
+    return start(ClassificationTrainer(), config, WorkerContext(seed=seed))
+
+
+def weights(trainer: ClassificationTrainer) -> dict[str, torch.Tensor]:
+    return {k: v.clone() for k, v in trainer.net.state_dict().items()}
+
+
+def test_good_config_reaches_95_percent_through_nasplat_run() -> None:
+    result = nasplat.run(trainer=ClassificationTrainer, space=GOOD, controller="random", metric="test_acc",
+                         max_trials=1, max_steps=3, executor="local", seed=0)
+    assert result.counts() == {"completed": 1}
+    assert result.best["test_acc"] >= 0.95
+    rows = result.dataframe()
+    assert list(rows["epoch"]) == [1.0, 2.0, 3.0]
+    assert all(isinstance(rows[k].iloc[-1], float) for k in ("train_loss", "test_loss", "test_acc", "epoch"))
+
+
+def test_state_dict_round_trip_gives_identical_evaluation_and_next_step() -> None:
+    donor = make(GOOD, seed=1)
+    donor.step()
+    receiver = make(GOOD, seed=1)  # same seed: the same data order in the next epoch
+    assert receiver.evaluate() != donor.evaluate()
+    receiver.load_state_dict(copy.deepcopy(donor.state_dict()))
+    assert receiver.epoch == donor.epoch == 1
+    assert receiver.evaluate() == donor.evaluate()
+    assert receiver.step() == donor.step()
+
+    other_seed = make({**GOOD, "lr": 0.01}, seed=7)  # PBT: another member, another seed and config
+    other_seed.load_state_dict(copy.deepcopy(donor.state_dict()))
+    assert other_seed.evaluate() == donor.evaluate()
+
+
+def test_update_config_sets_optimizer_in_place_without_rebuilding() -> None:
+    trainer = make(GOOD)
+    trainer.step()
+    model, optimizer, before = trainer.model, trainer.optimizer, weights(trainer)
+    new = {**GOOD, "lr": 0.01, "momentum": 0.6, "weight_decay": 1e-5, "batch_size": 128}
+    trainer.config = new  # what the local executor does before calling update_config
+    trainer.update_config(new)
+    assert trainer.model is model and trainer.optimizer is optimizer
+    assert all(g["lr"] == 0.01 and g["momentum"] == 0.6 and g["weight_decay"] == 1e-5
+               for g in optimizer.param_groups)
+    assert trainer.batch_size == 128
+    assert all(torch.equal(before[k], v) for k, v in trainer.net.state_dict().items())
+    assert trainer.step()["epoch"] == 2.0
+
+
+def test_update_config_with_a_new_architecture_rebuilds_and_keeps_the_weights() -> None:
+    trainer = make(GOOD)
+    trainer.step()
+    model, before = trainer.model, weights(trainer)
+    new = copy.deepcopy(GOOD)
+    new["depth"]["layer0"]["activation"] = "gelu"  # no parameters change shape: the state still fits
+    trainer.update_config(new)
+    assert trainer.model is not model
+    assert isinstance(trainer.net.blocks[0].act, torch.nn.GELU)
+    assert all(torch.equal(before[k], v) for k, v in trainer.net.state_dict().items())
+    assert trainer.epoch == 1
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_every_sampled_config_is_valid_builds_and_trains(seed: int) -> None:
+    config = space.sample(np.random.default_rng(seed))
+    space.validate(config)
+    assert space.decode(space.encode(config))["depth"]["n"] == config["depth"]["n"]
+    metrics = make(config, seed=seed).step()
+    assert set(metrics) == {"train_loss", "test_loss", "test_acc", "epoch"}
+    assert np.isfinite(metrics["train_loss"]) and 0.0 <= metrics["test_acc"] <= 1.0
+
+
+def test_mutated_configs_build_for_images_and_sequences() -> None:
+    rng = np.random.default_rng(0)
+    config = space.sample(rng)
+    for _ in range(30):
+        config = space.mutate(config, rng)
+        space.validate(config)
+        for shape in [(8, 8), (40,)]:
+            model = build_model(config, in_channels=1, num_classes=10, input_shape=shape)
+            assert model(torch.zeros(2, 1, *shape)).shape == (2, 10)
+
+
+def test_mnist1d_trains_with_1d_convolutions() -> None:
+    config = {**space_1d.sample(np.random.default_rng(3)), "depth": copy.deepcopy(PBT_ARCHITECTURE), "lr": 0.05}
+    trainer = make(config)
+    assert trainer.data.x_train.shape[1:] == (1, 40) and len(trainer.data.y_test) == 1000
+    assert any(isinstance(m, torch.nn.Conv1d) for m in trainer.net.modules())
+    assert not any(isinstance(m, torch.nn.Conv2d) for m in trainer.net.modules())
+    metrics = trainer.step()
+    assert np.isfinite(metrics["train_loss"]) and metrics["test_acc"] > 0.2  # chance is 0.1
+
+
+def test_unknown_dataset_names_the_value_and_the_allowed_ones() -> None:
+    with pytest.raises(ValueError, match=r"unknown dataset 'cifar10'; allowed: \['digits', 'mnist1d'\]"):
+        make({**GOOD, "dataset": "cifar10"})
+
+
+def test_bad_batch_size_is_named() -> None:
+    with pytest.raises(ValueError, match=r"config\['batch_size'\] must be an integer >= 1, got 0"):
+        make({**GOOD, "batch_size": 0})
+
+
+def test_pbt_exploits_between_trainers() -> None:
+    result = nasplat.run(trainer=ClassificationTrainer, space=pbt_space, controller="pbt", metric="test_acc",
+                         controller_options={"population_size": 4, "perturbation_interval": 2},
+                         concurrency=4, max_trials=4, max_steps=4, executor="local", seed=0)
+    rows = result.dataframe()
+    assert result.counts() == {"completed": 4}
+    assert rows["donor_id"].notna().any()
+    assert result.best["test_acc"] >= 0.95
+
+
+@pytest.mark.parametrize("name", ["quickstart.yaml", "pbt.yaml"])
+def test_example_yaml_names_importable_objects(name: str) -> None:
+    spec = yaml.safe_load((ROOT / "examples" / name).read_text())
+    assert set(spec) == {"name", "trainer", "space", "metric", "mode", "controller", "budget", "resources", "executor",
+                         "storage", "seed", "max_failures"}
+    assert resolve(spec["trainer"], what="trainer") is ClassificationTrainer
+    searched = resolve(spec["space"], what="space")
+    searched.validate(searched.sample(np.random.default_rng(0)))
+
+
+def test_custom_space_example_runs() -> None:
+    done = subprocess.run([sys.executable, str(ROOT / "examples" / "custom_space.py")], capture_output=True,
+                          text=True, timeout=120, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    match = re.search(r"best test_acc=([0-9.]+)", done.stdout)
+    assert match is not None, done.stdout
+    assert float(match.group(1)) >= 0.95
+
+
+def test_ranks_train_on_disjoint_shards_of_equal_length() -> None:
+    shards = [start(ClassificationTrainer(), GOOD, WorkerContext(rank=r, world_size=2, seed=0)) for r in range(2)]
+    assert len(shards[0].y_train) == len(shards[1].y_train) == 1437 // 2
+    assert not torch.equal(shards[0].x_train[:5], shards[1].x_train[:5])

@@ -1,0 +1,79 @@
+"""The `nasplat` command and experiment files: run, status, resume, and YAML mistakes named precisely."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from nasplat.cli import main
+from nasplat.experiment import experiment_kwargs, load_experiment
+from nasplat.results import ExperimentResult
+
+REPO = Path(__file__).resolve().parents[1]
+NB201 = {"trainer": "trainers.nb201_table:NB201Table", "space": "search_spaces.nb201:space", "metric": "valid_acc",
+         "controller": {"name": "evolution", "population_size": 10, "sample_size": 3},
+         "budget": {"time_budget_s": 6000}, "executor": "simulated", "resources": {"concurrency": 4}}
+
+
+def write(tmp_path: Path, spec: dict) -> Path:
+    path = tmp_path / "experiment.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def test_run_then_status_through_the_command_line(tmp_path, capsys, shared_data):
+    path = write(tmp_path, {**NB201, "name": "nb", "storage": str(tmp_path / "out")})
+    assert main(["run", str(path), "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert f"results: {tmp_path / 'out' / 'nb'}" in out
+    result = ExperimentResult.load(tmp_path / "out" / "nb")
+    assert result.metric == "valid_acc" and len(result.rows) > 50
+    assert main(["status", str(tmp_path / "out" / "nb"), "--top", "3"]) == 0
+    table = capsys.readouterr().out
+    assert f"{result.best['valid_acc']:.3f}"[:5] in table and "completed" in table
+    assert main(["run", str(path), "--quiet"]) == 2  # the folder exists: resume it instead
+    assert "nasplat resume" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"budget": {"max_trial": 3}}, r"budget: unknown key\(s\) \['max_trial'\]; allowed: \['max_trials'"),
+    ({"controler": "random"}, r"unknown key\(s\) \['controler'\]; allowed: \['name', 'trainer'"),
+    ({"mode": "maximum"}, r"'mode' must be 'max' or 'min', got 'maximum'"),
+    ({"resources": {"workers": 2}}, r"resources \['workers'\] need executor 'ray', got executor='simulated'"),
+    ({"controller": {"population_size": 3}}, r"'controller' must be a name or a mapping with 'name'"),
+    ({"resources": {"gpus": 1}}, r"resources: unknown key\(s\) \['gpus'\]"),
+])
+def test_yaml_mistakes_name_the_key_and_what_is_allowed(tmp_path, change, message):
+    with pytest.raises(ValueError, match=message):
+        load_experiment(write(tmp_path, {**NB201, **change}))
+
+
+def test_missing_keys_and_bad_dotted_paths(tmp_path, capsys):
+    spec = {k: v for k, v in NB201.items() if k != "metric"}
+    with pytest.raises(ValueError, match=r"missing required keys \['metric'\]"):
+        experiment_kwargs(spec)
+    path = write(tmp_path, {**NB201, "space": "search_spaces.nb201:spaces", "storage": str(tmp_path)})
+    assert main(["run", str(path), "--quiet"]) == 2
+    assert "module 'search_spaces.nb201' has no attribute 'spaces'" in capsys.readouterr().err
+    assert main(["status", str(tmp_path / "nowhere")]) == 2
+    assert "not an experiment folder" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_quickstart_on_an_embedded_local_ray_reaches_95_percent(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    run = subprocess.run([sys.executable, "-m", "nasplat.cli", "run", str(REPO / "examples" / "quickstart.yaml"),
+                          "--storage", str(tmp_path), "--quiet"], cwd=REPO, env=env, capture_output=True, text=True,
+                         timeout=180)
+    assert run.returncode == 0, run.stderr[-3000:]
+    result = ExperimentResult.load(tmp_path / "quickstart")
+    assert result.best["test_acc"] >= 0.95
+    assert result.counts() == {"completed": 24}
+    status = subprocess.run([sys.executable, "-m", "nasplat.cli", "status", str(tmp_path / "quickstart")],
+                            cwd=REPO, capture_output=True, text=True, check=True).stdout
+    assert "test_acc" in status and f"{result.best['test_acc']:.4f}"[:4] in status

@@ -1,0 +1,191 @@
+"""Image / signal classification with the CNNs of `search_spaces.cnn`: sklearn digits (8x8) or MNIST-1D (40).
+
+One `step` is `epochs_per_step` epochs of SGD over this worker's shard of the training set, then an
+evaluation on the whole test set. Both data sets are built offline and deterministically, once per process.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from nasplat.space import Config
+from nasplat.trainer import Trainer, WorkerContext
+from search_spaces.cnn import architecture, build_model
+
+DATASETS = ("digits", "mnist1d")
+SPLIT_SEED = 0  # the train/test split is fixed, independent of the trial seed
+
+
+@dataclass(frozen=True)
+class Data:
+    """Standardised tensors: x of shape (n, channels, *spatial), y of class indices."""
+
+    x_train: torch.Tensor
+    y_train: torch.Tensor
+    x_test: torch.Tensor
+    y_test: torch.Tensor
+    num_classes: int
+
+    @property
+    def in_channels(self) -> int:
+        return self.x_train.shape[1]
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        return tuple(self.x_train.shape[2:])
+
+
+_CACHE: dict[str, Data] = {}
+
+
+def load_dataset(name: str) -> Data:
+    """The data set `name` (one of `DATASETS`), built on first use and cached for this process."""
+    if name not in DATASETS:
+        raise ValueError(f"unknown dataset {name!r}; allowed: {list(DATASETS)}")
+    if name not in _CACHE:
+        _CACHE[name] = _load_digits() if name == "digits" else _load_mnist1d()
+    return _CACHE[name]
+
+
+def _load_digits() -> Data:
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    x, y = load_digits(return_X_y=True)  # 1,797 images of 8x8 pixels in [0, 16]
+    x_train, x_test, y_train, y_test = train_test_split(x, y, test_size=360, stratify=y, random_state=SPLIT_SEED)
+    return _standardise(x_train, y_train, x_test, y_test, shape=(1, 8, 8))
+
+
+def _load_mnist1d() -> Data:
+    from mnist1d.data import get_dataset_args, make_dataset
+
+    # make_dataset seeds the global `random` and `numpy.random` generators; leave them as they were.
+    py_state, np_state = random.getstate(), np.random.get_state()
+    try:
+        data = make_dataset(get_dataset_args())  # 4,000 train / 1,000 test signals of length 40, seed 42
+    finally:
+        random.setstate(py_state)
+        np.random.set_state(np_state)
+    return _standardise(data["x"], data["y"], data["x_test"], data["y_test"], shape=(1, 40))
+
+
+def _standardise(x_train: np.ndarray, y_train: np.ndarray, x_test: np.ndarray, y_test: np.ndarray,
+                 shape: tuple[int, ...]) -> Data:
+    """Per-feature standardisation with training statistics (constant features keep a scale of 1)."""
+    mean, std = x_train.mean(axis=0), x_train.std(axis=0)
+    std = np.where(std > 1e-8, std, 1.0)
+
+    def tensor(x: np.ndarray) -> torch.Tensor:
+        return torch.as_tensor((x - mean) / std, dtype=torch.float32).reshape(len(x), *shape)
+
+    return Data(tensor(x_train), torch.as_tensor(y_train, dtype=torch.long), tensor(x_test),
+                torch.as_tensor(y_test, dtype=torch.long), int(max(y_train.max(), y_test.max())) + 1)
+
+
+class ClassificationTrainer(Trainer):
+    """Trains a `search_spaces.cnn` config with SGD (momentum, weight decay); one step = some epochs + a test.
+
+    Config keys: the CNN space's (`depth`, `head`, `lr`, `momentum`, `batch_size`, `weight_decay`), and
+    optionally `dataset` (`"digits"` or `"mnist1d"`, default `self.dataset`) and `epochs_per_step` (default 1).
+    Reports `train_loss`, `test_loss`, `test_acc` and `epoch` (epochs trained so far).
+    """
+
+    dataset: str = "digits"
+
+    def setup(self, config: Config, ctx: WorkerContext) -> None:
+        torch.set_num_threads(1)  # one trial = one worker on a one-CPU slot
+        self.config, self.ctx = config, ctx
+        self.dataset_name = config.get("dataset", self.dataset)
+        self.data = load_dataset(self.dataset_name)
+        self.epochs_per_step = _positive_int(config, "epochs_per_step", 1)
+        self.batch_size = _positive_int(config, "batch_size", None)
+
+        # This rank's shard, cut to the same length on every rank so that all ranks take the same number of steps.
+        n = len(self.data.y_train) // ctx.world_size
+        self.x_train = ctx.shard(self.data.x_train)[:n]
+        self.y_train = ctx.shard(self.data.y_train)[:n]
+
+        torch.manual_seed(ctx.seed)
+        self.net = build_model(config, self.data.in_channels, self.data.num_classes, self.data.input_shape)
+        self.net.to(ctx.device)
+        optimizer = torch.optim.SGD(self.net.parameters(), lr=config["lr"], momentum=config["momentum"],
+                                    weight_decay=config["weight_decay"])
+        self.model, self.optimizer = ctx.prepare(self.net, optimizer)
+        self.architecture = architecture(config)  # to tell in `update_config` whether a rebuild is needed
+        self.epoch = 0
+
+    # -- training ---------------------------------------------------------------------------------
+    def step(self) -> dict[str, Any]:
+        for _ in range(self.epochs_per_step):
+            train_loss = self.train_epoch()
+        test_loss, test_acc = self.evaluate()
+        return {"train_loss": train_loss, "test_loss": test_loss, "test_acc": test_acc, "epoch": float(self.epoch)}
+
+    def train_epoch(self) -> float:
+        """One pass over the shard in a fresh order (a function of the seed and the epoch); the mean loss."""
+        generator = torch.Generator().manual_seed(_mix(self.ctx.seed, self.epoch))
+        order = torch.randperm(len(self.y_train), generator=generator)
+        device = self.ctx.device
+        self.model.train()
+        total, count = 0.0, 0
+        for start in range(0, len(order), self.batch_size):
+            index = order[start:start + self.batch_size]
+            x, y = self.x_train[index].to(device), self.y_train[index].to(device)
+            loss = F.cross_entropy(self.model(x), y)
+            self.optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            self.optimizer.step()
+            total += loss.item() * len(index)
+            count += len(index)
+        self.epoch += 1
+        return total / max(count, 1)
+
+    @torch.no_grad()
+    def evaluate(self) -> tuple[float, float]:
+        """(mean cross-entropy, accuracy) on the whole test set."""
+        self.model.eval()
+        x, y = self.data.x_test.to(self.ctx.device), self.data.y_test.to(self.ctx.device)
+        logits = self.model(x)
+        accuracy = (logits.argmax(dim=1) == y).float().mean().item()
+        return F.cross_entropy(logits, y).item(), accuracy
+
+    # -- state --------------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Model weights (unwrapped), optimizer state and epoch count."""
+        return {"model": self.net.state_dict(), "optimizer": self.optimizer.state_dict(), "epoch": self.epoch}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.net.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.epoch = int(state["epoch"])
+
+    def update_config(self, config: Config) -> None:
+        """Same architecture: set lr / momentum / weight decay / batch size in place. Otherwise rebuild."""
+        # Compare with what `setup` built: an executor may have set `self.config = config` already.
+        if architecture(config) != self.architecture or config.get("dataset", self.dataset) != self.dataset_name:
+            super().update_config(config)
+            return
+        for group in self.optimizer.param_groups:
+            group["lr"], group["momentum"] = config["lr"], config["momentum"]
+            group["weight_decay"] = config["weight_decay"]
+        self.batch_size = _positive_int(config, "batch_size", None)
+        self.epochs_per_step = _positive_int(config, "epochs_per_step", 1)
+        self.config = config
+
+
+def _positive_int(config: Config, key: str, default: int | None) -> int:
+    value = config.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"config[{key!r}] must be an integer >= 1, got {value!r}")
+    return int(value)
+
+
+def _mix(seed: int, epoch: int) -> int:
+    """A 63-bit seed from (trial seed, epoch)."""
+    return int(np.random.SeedSequence([int(seed) % 2**63, epoch]).generate_state(2, dtype=np.uint64)[0] >> 1)
