@@ -39,7 +39,9 @@ class Reinforce(Controller):
         return out
 
     def ask(self) -> TrialSpec:
-        tokens = [int(self.rng.choice(len(p), p=p)) for p in self.probabilities()]
+        draws = self.rng.random(len(self.logits))  # one inverse-CDF draw per position
+        tokens = [min(int(np.searchsorted(np.cumsum(p), u, side="right")), len(p) - 1)
+                  for p, u in zip(self.probabilities(), draws)]
         spec = self._propose(self.space.decode(tokens))
         self.pending[spec.trial_id] = tokens
         return spec
