@@ -59,11 +59,25 @@ class Trainer(ABC):
         raise NotImplementedError(f"{type(self).__name__} does not implement load_state_dict(); PBT exploit needs it")
 
     def update_config(self, config: Config) -> None:
-        """Put `config` in effect after an exploit. The default rebuilds through `setup`, keeping the state;
-        override it to change only what differs (an optimizer's learning rate, say)."""
+        """Put `config` in effect after an exploit. The default rebuilds through `setup` and reloads the state,
+        then puts back the hyperparameters (lr, momentum, ...) of every optimizer attribute as `setup` just set
+        them, since the loaded optimizer state would restore the old ones. Override to change only what differs."""
         state = self.state_dict()
         start(self, config, self.ctx)
+        fresh = [(optimizer, _hyperparameters(optimizer)) for optimizer in _optimizers(self)]
         self.load_state_dict(state)
+        for optimizer, groups in fresh:
+            for group, values in zip(optimizer.param_groups, groups):
+                group.update(values)
+
+
+def _optimizers(trainer: Trainer) -> list[Any]:
+    """The trainer's attributes that look like torch optimizers (they have `param_groups`)."""
+    return [value for value in vars(trainer).values() if isinstance(getattr(value, "param_groups", None), list)]
+
+
+def _hyperparameters(optimizer: Any) -> list[dict[str, Any]]:
+    return [{key: value for key, value in group.items() if key != "params"} for group in optimizer.param_groups]
 
 
 def start(trainer: Trainer, config: Config, ctx: WorkerContext) -> Trainer:

@@ -85,6 +85,39 @@ def test_update_config_with_a_new_architecture_rebuilds_and_keeps_the_weights() 
     assert trainer.epoch == 1
 
 
+class PlainSGD(nasplat.Trainer):
+    """A trainer that keeps the default `update_config` (rebuild through `setup`, reload the state)."""
+
+    def setup(self, config: dict, ctx: WorkerContext) -> None:
+        torch.manual_seed(ctx.seed)
+        self.model = torch.nn.Linear(3, 1)
+        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=config["lr"], momentum=0.9)
+
+    def step(self) -> dict:
+        self.optimizer.zero_grad()
+        self.model(torch.ones(4, 3)).pow(2).mean().backward()
+        self.optimizer.step()
+        return {"w": float(self.model.weight.sum())}
+
+    def state_dict(self) -> dict:
+        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+
+
+def test_default_update_config_keeps_the_weights_and_applies_the_new_learning_rate() -> None:
+    trainer = start(PlainSGD(), {"lr": 0.1}, WorkerContext(seed=3))
+    trainer.step()
+    before = copy.deepcopy(trainer.state_dict())
+    trainer.update_config({"lr": 0.001})
+    assert [g["lr"] for g in trainer.optimizer.param_groups] == [0.001]
+    assert torch.equal(trainer.model.weight, before["model"]["weight"])
+    momentum = trainer.optimizer.state_dict()["state"][0]["momentum_buffer"]
+    assert torch.equal(momentum, before["optimizer"]["state"][0]["momentum_buffer"])  # the state itself is kept
+
+
 @pytest.mark.parametrize("seed", range(10))
 def test_every_sampled_config_is_valid_builds_and_trains(seed: int) -> None:
     config = space.sample(np.random.default_rng(seed))

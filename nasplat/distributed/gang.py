@@ -1,0 +1,243 @@
+"""Gangs: the Ray actors of one trial, reserved together in a placement group and reused between trials.
+
+The expensive parts (the placement group, the actors, the process group, the parameter servers) are made once,
+in `Gang.__init__` and `Gang.ready`; `launch` on a ready gang only builds the new trial's trainer on every rank.
+A one-worker gang is a single actor without a placement group, and its first launch does not wait for the actor
+to start (Ray queues the call), so many short trials start at once. torch is imported by the trainer, not here.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import socket
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+import ray
+from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
+
+from nasplat.distributed.context import (GROUP_BACKENDS, DistributedContext, check_backend, check_options,
+                                         make_backend, rank_seed, worker_device)
+from nasplat.space import Config
+from nasplat.trainer import Trainer, start
+
+STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
+
+
+class Worker:
+    """One rank of a gang: hosts the trainer of whichever trial the gang runs now."""
+
+    def __init__(self, trainer_cls: type, rank: int, world_size: int, label: str, backend: str = "allreduce",
+                 options: Mapping[str, Any] | None = None, device: str = "cpu", threads: int = 1) -> None:
+        self.trainer_cls, self.rank, self.world_size, self.label = trainer_cls, rank, world_size, label
+        self.backend = backend
+        os.environ["OMP_NUM_THREADS"] = str(threads)
+        if "torch" in sys.modules:  # the trainer's module imported it; a no-op trainer never pays for torch
+            sys.modules["torch"].set_num_threads(threads)
+        # One CPU worker needs no torch device; the distributed backends do.
+        self.device = worker_device(device) if world_size > 1 or device != "cpu" else "cpu"
+        self.impl = make_backend(backend, rank, world_size, self.device, options)
+        self.trainer: Trainer | None = None
+        self.trial_id = -1
+        self.group_uid, self.group_inits = "", 0
+
+    def __repr__(self) -> str:  # the Ray dashboard and log prefixes show this
+        return f"{self.label}/trial-{self.trial_id}/rank-{self.rank}"
+
+    def info(self) -> tuple[str, int]:
+        return socket.gethostname(), os.getpid()
+
+    def node_id(self) -> str:
+        return ray.get_runtime_context().get_node_id()
+
+    def rendezvous(self) -> str:
+        from nasplat.distributed.allreduce import rendezvous
+        return rendezvous()
+
+    def connect(self, address: str, group_uid: str) -> str:
+        """Join the gang's process group (once in this actor's life)."""
+        from nasplat.distributed.allreduce import join_group
+        kind = join_group(address, self.rank, self.world_size, self.device, self.impl.options["timeout_s"])
+        self.group_uid, self.group_inits = group_uid, self.group_inits + 1
+        return kind
+
+    def attach(self, servers: list[Any]) -> None:
+        self.impl.attach(servers)
+
+    def identity(self) -> dict[str, Any]:
+        """What a test needs to tell that nothing was rebuilt: the pid and the process group this rank is in."""
+        import torch.distributed as dist
+        group = dist.group.WORLD if dist.is_initialized() else None
+        return {"pid": os.getpid(), "group_uid": self.group_uid, "group_inits": self.group_inits,
+                "group_object": id(group) if group is not None else 0, "trial_id": self.trial_id}
+
+    def launch(self, trial_id: int, config: Config, seed: int, state: Any = None, epoch: int = 0) -> dict[str, Any]:
+        self.trial_id, self.trainer = trial_id, None  # drop the previous trial's trainer (and its DDP wrapper)
+        self.impl.begin(epoch, new_trial=True)
+        ctx = DistributedContext(trial_id=trial_id, rank=self.rank, world_size=self.world_size,
+                                 seed=rank_seed(seed, self.rank), device=str(self.device), backend=self.backend,
+                                 impl=self.impl)
+        self.trainer = start(self.trainer_cls(), config, ctx)
+        if state is not None:
+            self.trainer.load_state_dict(state)
+            self.impl.on_load()
+        return self.step()
+
+    def step(self) -> dict[str, Any]:
+        metrics = dict(self.trainer.step())
+        metrics.update(self.impl.end_step())  # every rank takes part; rank 0's copy speaks for the trial
+        return metrics
+
+    def exploit(self, state: dict[str, Any], config: Config, epoch: int = 0) -> dict[str, Any]:
+        """Load the donor's state on this rank, put `config` in effect, step; the actor and its group stay."""
+        self.impl.begin(epoch, new_trial=False)
+        self.trainer.load_state_dict(state)
+        self.trainer.config = config
+        self.trainer.update_config(config)
+        self.impl.on_load()
+        return self.step()
+
+    def state(self) -> dict[str, Any]:
+        return self.trainer.state_dict()
+
+
+@functools.cache
+def _remote_worker() -> Any:
+    """The Worker as a Ray actor class, made once per process so Ray exports it once."""
+    return ray.remote(Worker)
+
+
+class Gang:
+    """`workers` actors in one placement group (`PACK` or `SPREAD`); rank 0's metrics speak for the trial.
+
+    `backend` is "allreduce", "async" or "gossip" (ignored for one worker); `backend_options` are that backend's
+    options (see `nasplat.distributed.context.OPTION_DEFAULTS`). `created` counts what the gang built, `startup_s`
+    is the time that took (constructor and `ready`), and `last_setup_s` is what the latest `launch` paid of it:
+    all of it for the gang's first trial, 0.0 for every later one.
+    """
+
+    def __init__(self, trainer_cls: type, *, workers: int = 1, backend: str = "allreduce", cpus_per_worker: float = 1.0,
+                 gpus_per_worker: float = 0.0, strategy: str = "PACK", label: str = "nasplat",
+                 backend_options: Mapping[str, Any] | None = None) -> None:
+        begin = time.perf_counter()
+        if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+            raise ValueError(f"`workers` must be an integer >= 1, got {workers=!r}")
+        if strategy not in STRATEGIES:
+            raise ValueError(f"`strategy` must be one of {list(STRATEGIES)}, got {strategy=!r}")
+        if not cpus_per_worker > 0 or gpus_per_worker < 0:
+            raise ValueError(f"need cpus_per_worker > 0 and gpus_per_worker >= 0, got {cpus_per_worker=}, "
+                             f"{gpus_per_worker=}")
+        self.workers, self.backend, self.label = workers, check_backend(backend), label
+        self.options = check_options(backend, backend_options)
+        self.device = "cuda" if gpus_per_worker > 0 else "cpu"
+        self.group = None
+        actor = _remote_worker()
+        if workers > 1:
+            bundle = {"CPU": cpus_per_worker, **({"GPU": gpus_per_worker} if gpus_per_worker else {})}
+            self.group = placement_group([dict(bundle)] * workers, strategy=strategy)
+        try:
+            self.actors = [
+                actor.options(num_cpus=cpus_per_worker, num_gpus=gpus_per_worker, name=f"{label}/rank-{rank}",
+                              scheduling_strategy=self._placement(rank)).remote(
+                    trainer_cls, rank, workers, label, backend, self.options, self.device,
+                    max(1, int(cpus_per_worker)))
+                for rank in range(workers)
+            ]
+        except Exception:  # e.g. the label's actor names are taken: give the reservation back
+            if self.group is not None:
+                remove_placement_group(self.group)
+            raise
+        self.servers: list[Any] = []
+        self.node, self.pid, self.node_id, self.group_uid = "", 0, "", ""
+        self.created = {"placement_groups": int(workers > 1), "actors": workers, "process_groups": 0, "servers": 0}
+        self.startup_s, self.last_setup_s = time.perf_counter() - begin, 0.0
+        self.launches, self._epoch, self._ready = 0, 0, False
+
+    def _placement(self, rank: int) -> Any:
+        return None if self.group is None else PlacementGroupSchedulingStrategy(self.group, rank)
+
+    def ready(self, timeout: float | None = None) -> None:
+        """Wait until every actor is up, then form the process group (allreduce, gossip) or start the parameter
+        servers (async); once per gang. Remembers rank 0's node and pid."""
+        if self._ready:
+            return
+        begin = time.perf_counter()
+        if self.group is not None:
+            try:
+                ray.get(self.group.ready(), timeout=timeout)
+            except ray.exceptions.GetTimeoutError:
+                raise TimeoutError(f"gang {self.label!r}: the placement group of {self.workers} bundles "
+                                   f"{self.group.bundle_specs[0]} was not placed within {timeout} s") from None
+        infos = ray.get([a.info.remote() for a in self.actors])
+        (self.node, self.pid), self.node_id = infos[0], ray.get(self.actors[0].node_id.remote())
+        if self.workers > 1 and self.backend in GROUP_BACKENDS:
+            address = ray.get(self.actors[0].rendezvous.remote())
+            self.group_uid = uuid.uuid4().hex
+            ray.get([a.connect.remote(address, self.group_uid) for a in self.actors])
+            self.created["process_groups"] += 1
+        if self.workers > 1 and self.backend == "async":
+            self._start_servers()
+        self._ready = True
+        self.startup_s += time.perf_counter() - begin
+
+    def _start_servers(self) -> None:
+        """`num_servers` parameter servers on rank 0's node (no CPU reserved: they mostly wait), restarted by Ray
+        after a failure; each snapshots to that node's temporary folder."""
+        from nasplat.distributed.parameter_server import ParameterServer
+
+        server = ray.remote(ParameterServer)
+        placement = NodeAffinitySchedulingStrategy(self.node_id, soft=False)
+        folder = os.path.join(tempfile.gettempdir(), "nasplat-ps", uuid.uuid4().hex)
+        self.servers = [server.options(num_cpus=0, max_restarts=-1, max_task_retries=0, scheduling_strategy=placement,
+                                       name=f"{self.label}/ps-{index}").remote(
+                            index, os.path.join(folder, f"shard-{index}.pkl"))
+                        for index in range(self.options["num_servers"])]
+        ray.get([s.info.remote() for s in self.servers])
+        ray.get([a.attach.remote(self.servers) for a in self.actors])
+        self.created["servers"] += len(self.servers)
+
+    def launch(self, trial_id: int, config: Config, seed: int, state: Any = None) -> list[ray.ObjectRef]:
+        """Set trial `trial_id` up on every rank and run its first step; a ready gang builds nothing new.
+        A multi-worker gang is made ready first (its ranks must meet); a one-worker gang is not waited for."""
+        if self.workers > 1:
+            self.ready()
+        self.last_setup_s = self.startup_s if self.launches == 0 else 0.0  # only a gang's first trial pays it
+        self.launches += 1
+        self._epoch += 1
+        return [a.launch.remote(trial_id, config, seed, state, self._epoch) for a in self.actors]
+
+    def step(self) -> list[ray.ObjectRef]:
+        return [a.step.remote() for a in self.actors]
+
+    def exploit(self, state: Any, config: Config) -> list[ray.ObjectRef]:
+        """Load `state` (a state dict or an ObjectRef to one) on every rank, put `config` in effect, step."""
+        self._epoch += 1
+        return [a.exploit.remote(state, config, self._epoch) for a in self.actors]
+
+    def state(self) -> ray.ObjectRef:
+        return self.actors[0].state.remote()
+
+    def identity(self) -> list[dict[str, Any]]:
+        """Per rank: pid, process-group uid, how many times it joined a group, the group object's id."""
+        return ray.get([a.identity.remote() for a in self.actors])
+
+    def kill(self) -> None:
+        """Kill the actors and servers and give the placement group back; a second call does nothing."""
+        if not self.actors:
+            return
+        if self.servers:
+            try:
+                ray.get([s.close.remote() for s in self.servers], timeout=5)
+            except Exception:  # a dead server leaves a snapshot file behind; nothing else to do
+                pass
+        for a in [*self.actors, *self.servers]:
+            ray.kill(a, no_restart=True)
+        if self.group is not None:
+            remove_placement_group(self.group)
+        self.actors, self.servers, self._ready = [], [], False
