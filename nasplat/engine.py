@@ -57,7 +57,8 @@ class Engine:
     """Keeps `executor.concurrency` trials running until the budget is spent and every trial has ended."""
 
     def __init__(self, *, controller: Controller, executor: Executor, trainer: type, budget: Budget,
-                 name: str = "experiment", seed: int = 0, max_failures: int = 0, storage: Path | None = None, progress: bool = False, checkpoint_interval_s: float = 1.0) -> None:
+                 name: str = "experiment", seed: int = 0, max_failures: int = 0, storage: Path | None = None,
+                 progress: bool = False, checkpoint_interval_s: float = 1.0) -> None:
         if not isinstance(max_failures, int) or max_failures < 0:
             raise ValueError(f"`max_failures` must be an integer >= 0, got {max_failures!r}")
         self.controller, self.executor, self.trainer, self.budget = controller, executor, trainer, budget
@@ -70,6 +71,7 @@ class Engine:
         self.exploits = 0
         self.best_row: dict[str, Any] | None = None
         self._last_checkpoint = self._last_progress = 0.0
+        self._ended_since_checkpoint = False  # a trial ended: its rows must be covered by the next checkpoint
         self.listeners: list[Any] = []  # objects with on_row(engine, row); e.g. dashboard metrics
 
     # -- the loop --------------------------------------------------------------------------------
@@ -79,6 +81,8 @@ class Engine:
         if self.executor.concurrency < needed:
             raise ValueError(f"{type(self.controller).__name__} needs its {needed} members training side by side, "
                              f"got concurrency={self.executor.concurrency}; raise concurrency to >= {needed}")
+        if needed > 1:
+            self.executor.reserve(needed)
         self.checkpoint()
         try:
             for record in self.running():
@@ -177,6 +181,7 @@ class Engine:
 
     def _finish(self, record: TrialRecord, status: str, result: Result) -> None:
         record.status = status
+        self._ended_since_checkpoint = True
         self.active.discard(record.trial_id)
         self.executor.stop(record.trial_id)
         self.controller.tell(record.trial_id, result)
@@ -191,6 +196,7 @@ class Engine:
         }
         for key, value in metrics.items():
             row[f"metric.{key}" if key in RESERVED else key] = value
+        record.status = status if status != "running" else record.status  # listeners count the trial as ended
         self.store.append(row)
         value = row.get(self.controller.metric)
         if status != "failed" and isinstance(value, (int, float)) and math.isfinite(value) and (
@@ -222,10 +228,13 @@ class Engine:
         if self.storage is None:
             return
         write_atomic(self.storage / STATE_FILE, pickle.dumps(self.state_dict()))
-        self._last_checkpoint = time.monotonic()
+        self._last_checkpoint, self._ended_since_checkpoint = time.monotonic(), False
 
     def _maybe_checkpoint(self) -> None:
-        if self.storage is not None and time.monotonic() - self._last_checkpoint >= self.checkpoint_interval_s:
+        """After every batch of results in which a trial ended (so that a resume never re-runs a finished trial),
+        and every `checkpoint_interval_s` seconds while trials run."""
+        if self.storage is not None and (self._ended_since_checkpoint or
+                                         time.monotonic() - self._last_checkpoint >= self.checkpoint_interval_s):
             self.checkpoint()
 
     def result(self) -> ExperimentResult:

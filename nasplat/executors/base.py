@@ -31,6 +31,10 @@ class Executor(ABC):
     def open(self, trainer: type, experiment: str) -> None:
         """Get ready to run `trainer` trials for the experiment named `experiment`."""
 
+    def reserve(self, slots: int) -> None:
+        """Start `slots` trial slots now and wait until they are up, so that trials launched together start
+        together (PBT's members must train side by side). Executors whose slots cost nothing do nothing."""
+
     @abstractmethod
     def now(self) -> float:
         """Seconds since `open`, on this executor's clock (wall or simulated)."""

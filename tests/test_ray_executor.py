@@ -1,0 +1,194 @@
+"""The `ray` executor on a real local Ray: reuse, arrival order, failures, PBT exploit, resume, Tune, metrics."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+
+import pytest
+import ray
+import torch
+
+import nasplat
+from nasplat import Float, Int, Trainer
+from nasplat.results import ExperimentResult
+
+
+class Sleepy(Trainer):
+    """Sleeps `ms` per step and reports its worker pid."""
+
+    def setup(self, config, ctx):
+        self.ms, self.t = config["ms"], 0
+
+    def step(self):
+        time.sleep(self.ms / 1000)
+        self.t += 1
+        return {"score": float(self.ms), "pid": os.getpid(), "t": self.t}
+
+
+class LinearRegression(Trainer):
+    """SGD on a fixed regression problem; reports the optimizer's learning rate and its pid."""
+
+    def setup(self, config, ctx):
+        torch.manual_seed(ctx.seed)
+        generator = torch.Generator().manual_seed(0)
+        self.x = torch.randn(256, 8, generator=generator)
+        self.y = self.x @ torch.arange(8.0) + 0.1 * torch.randn(256, generator=generator)
+        self.model = torch.nn.Linear(8, 1)
+        self.opt = torch.optim.SGD(self.model.parameters(), lr=config["lr"])
+
+    def step(self):
+        loss = torch.nn.functional.mse_loss(self.model(self.x).squeeze(1), self.y)
+        self.opt.zero_grad()
+        loss.backward()
+        self.opt.step()
+        return {"neg_loss": -float(loss), "lr": self.opt.param_groups[0]["lr"], "pid": os.getpid()}
+
+    def state_dict(self):
+        return {"model": self.model.state_dict(), "opt": self.opt.state_dict()}
+
+    def load_state_dict(self, state):
+        self.model.load_state_dict(state["model"])
+        self.opt.load_state_dict(state["opt"])
+
+    def update_config(self, config):
+        for group in self.opt.param_groups:
+            group["lr"] = config["lr"]
+
+
+def test_results_arrive_as_they_finish_on_reused_actors(ray_session):
+    result = nasplat.run(trainer=Sleepy, space={"ms": Int(1, 120)}, metric="score", executor="ray", concurrency=2,
+                         max_trials=12, seed=3)
+    order = [r["trial_id"] for r in result.rows]
+    assert sorted(order) == list(range(12))
+    assert order != sorted(order)  # a short trial started later overtakes a long one
+    assert len({r["pid"] for r in result.rows}) == 2  # two gangs, each reused by six trials
+    assert {r["pid"] for r in result.rows} == {r["pid"] for r in result.rows}
+
+
+def _kill_after(name: str, delay: float) -> threading.Thread:
+    def kill() -> None:
+        time.sleep(delay)
+        ray.kill(ray.get_actor(f"nasplat/{name}/gang-0/rank-0"), no_restart=True)
+    thread = threading.Thread(target=kill, daemon=True)
+    thread.start()
+    return thread
+
+
+@pytest.mark.parametrize("max_failures", [0, 1])
+def test_killing_a_trial_actor_fails_or_retries_that_trial_only(ray_session, max_failures):
+    name = f"kill-{max_failures}"
+    killer = _kill_after(name, 2.5)
+    result = nasplat.run(trainer=Sleepy, space={"ms": Int(200, 300)}, metric="score", executor="ray", concurrency=2,
+                         max_trials=8, max_steps=3, max_failures=max_failures, name=name, seed=0)
+    killer.join()
+    counts = result.counts()
+    assert counts.get("completed", 0) + counts.get("failed", 0) == 8
+    if max_failures == 0:
+        assert counts["failed"] == 1
+        failed = [r for r in result.rows if r["status"] == "failed"]
+        assert "Actor" in failed[0]["error"] or "died" in failed[0]["error"]
+    else:
+        assert counts["completed"] == 8
+        assert max(r["attempt"] for r in result.rows) == 1
+
+
+def test_pbt_exploit_keeps_the_process_and_applies_the_new_learning_rate(ray_session):
+    controller = nasplat.PopulationBasedTraining({"lr": Float(1e-4, 0.05, log=True)}, metric="neg_loss",
+                                                 population_size=2, perturbation_interval=3, quantile_fraction=0.5,
+                                                 initial_configs=[{"lr": 1e-4}, {"lr": 0.04}], seed=0)
+    result = nasplat.run(trainer=LinearRegression, controller=controller, executor="ray", concurrency=2,
+                         max_trials=2, max_steps=12)
+    frame = result.dataframe().sort_values(["trial_id", "step"])
+    exploits = frame[frame.donor_id.notna()]
+    assert len(exploits) >= 1 and (exploits.trial_id == 0).all() and (exploits.donor_id == 1).all()
+    for _, row in exploits.iterrows():
+        after = frame[(frame.trial_id == row.trial_id) & (frame.step == row.step + 1)].iloc[0]
+        assert after.pid == row.pid  # same actor process, no restart
+        assert after.lr == pytest.approx(after.config["lr"]) and after.lr != pytest.approx(row.lr)
+        assert after.neg_loss > row.neg_loss  # it continues from the donor's much better weights
+    assert frame.groupby("trial_id").pid.nunique().max() == 1
+
+
+CRASHING_DRIVER = """
+import os, signal, sys, time
+import nasplat
+from nasplat import Float, Trainer
+
+class Slow(Trainer):
+    def setup(self, config, ctx):
+        self.x, self.t = config["x"], 0
+    def step(self):
+        time.sleep(0.05)
+        self.t += 1
+        return {"score": -(self.x - 0.5) ** 2 + 0.01 * self.t}
+
+nasplat.run(trainer=Slow, space={"x": Float(0.0, 1.0)}, metric="score", controller="evolution",
+            controller_options={"population_size": 4, "sample_size": 2}, executor="ray", concurrency=2,
+            max_trials=24, max_steps=4, seed=1, storage=sys.argv[1], name="exp", checkpoint_interval_s=0.2)
+"""
+
+
+def test_sigkill_of_the_driver_then_resume_finishes_without_loss_or_duplicates(ray_session, tmp_path):
+    script = tmp_path / "driver.py"
+    script.write_text(CRASHING_DRIVER)
+    env = {**os.environ, "RAY_ADDRESS": ray_session}
+    driver = subprocess.Popen([sys.executable, str(script), str(tmp_path)], env=env, stderr=subprocess.PIPE)
+    rows_file = tmp_path / "exp" / "results.jsonl"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and (not rows_file.exists() or len(rows_file.read_text().splitlines()) < 30):
+        time.sleep(0.05)
+    driver.send_signal(signal.SIGKILL)
+    driver.wait()
+    assert driver.returncode == -signal.SIGKILL
+    before = ExperimentResult.load(tmp_path / "exp").rows
+    assert 30 <= len(before) < 96
+    resumed = nasplat.resume(tmp_path / "exp")
+    keys = [(r["trial_id"], r["step"]) for r in ExperimentResult.load(tmp_path / "exp").rows]
+    assert len(keys) == len(set(keys)) == 96
+    assert sorted(keys) == sorted((t, s) for t in range(24) for s in range(1, 5))
+    completed = {r["trial_id"] for r in before if r["status"] == "completed"}
+    assert completed and all(r in resumed.rows for r in before if r["trial_id"] in completed)
+
+
+def test_tune_adapter_runs_regularized_evolution_inside_a_tuner(ray_session, tmp_path):
+    from ray import tune
+
+    from nasplat.tune_adapter import TuneSearch
+
+    def trainable(config):
+        tune.report({"score": -(config["x"] - 0.3) ** 2 - 0.01 * config["k"]})
+
+    controller = nasplat.RegularizedEvolution({"x": Float(0.0, 1.0), "k": Int(0, 9)}, metric="score",
+                                              population_size=4, sample_size=2, seed=0)
+    tuner = tune.Tuner(trainable, tune_config=tune.TuneConfig(search_alg=TuneSearch(controller), num_samples=16,
+                                                              max_concurrent_trials=2),
+                       run_config=tune.RunConfig(storage_path=str(tmp_path), name="tune", verbose=0))
+    results = tuner.fit()
+    assert len(results) == 16 and all(r.error is None for r in results)
+    assert len(controller.population) == 4  # every result was told; the oldest aged out
+    assert controller.next_trial_id == 16
+    best = results.get_best_result(metric="score", mode="max")
+    assert best.metrics["score"] == max(member[2] for member in controller.population) or best.metrics["score"] >= max(
+        member[2] for member in controller.population)
+
+
+def test_experiment_metrics_reach_the_prometheus_endpoint(ray_session):
+    nasplat.run(trainer=Sleepy, space={"ms": Int(1, 5)}, metric="score", executor="ray", concurrency=2,
+                max_trials=6, name="metrics-exp")
+    node = next(n for n in ray.nodes() if n["Alive"])
+    url = f"http://{node['NodeManagerAddress']}:{node['MetricsExportPort']}/metrics"
+    deadline, lines, completed = time.monotonic() + 30, [], []
+    while time.monotonic() < deadline and [float(line.split()[-1]) for line in completed] != [6.0]:
+        time.sleep(0.5)  # the final values reach the endpoint at Ray's next metrics report
+        text = urllib.request.urlopen(url, timeout=5).read().decode()
+        lines = [line for line in text.splitlines() if 'experiment="metrics-exp"' in line]
+        completed = [line for line in lines if line.startswith("ray_nasplat_trials") and 'state="completed"' in line]
+    assert [float(line.split()[-1]) for line in completed] == [6.0], completed
+    best = [line for line in lines if line.startswith("ray_nasplat_best_metric")]
+    assert best and float(best[0].split()[-1]) >= 1.0, best
