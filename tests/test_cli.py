@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +14,8 @@ import yaml
 from nasplat.cli import main
 from nasplat.experiment import experiment_kwargs, load_experiment
 from nasplat.results import ExperimentResult
+
+from browser import CHROMIUM, screenshot
 
 REPO = Path(__file__).resolve().parents[1]
 NB201 = {"trainer": "trainers.nb201_table:NB201Table", "space": "search_spaces.nb201:space", "metric": "valid_acc",
@@ -77,3 +80,10 @@ def test_quickstart_on_an_embedded_local_ray_reaches_95_percent(tmp_path):
     status = subprocess.run([sys.executable, "-m", "nasplat.cli", "status", str(tmp_path / "quickstart")],
                             cwd=REPO, capture_output=True, text=True, check=True).stdout
     assert "test_acc" in status and f"{result.best['test_acc']:.4f}"[:4] in status
+    report = subprocess.run([sys.executable, "-m", "nasplat.cli", "report", str(tmp_path / "quickstart")],
+                            cwd=REPO, capture_output=True, text=True)
+    assert report.returncode == 0 and (tmp_path / "quickstart" / "report.html").is_file(), report.stderr
+    if CHROMIUM.exists():  # the README's picture: NASPLAT_SCREENSHOT=docs/report.png pytest ... keeps it
+        shot = screenshot(tmp_path / "quickstart" / "report.html", tmp_path)
+        if os.environ.get("NASPLAT_SCREENSHOT"):
+            shutil.copy(shot, REPO / os.environ["NASPLAT_SCREENSHOT"])

@@ -1,0 +1,299 @@
+"""`build_report(folder)`: one self-contained HTML page about an experiment folder (no external URLs).
+
+Sections: summary, best-so-far (against time and trials), learning curves, PBT schedules and exploit
+events, the evolution lineage (with the decision each mutation changed), and the top 10 trials. A section
+that does not apply to the experiment says so in one line.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from nasplat import report_plots as plots
+from nasplat.results import RESERVED, ROWS_FILE, ExperimentResult, write_atomic
+
+REPORT_FILE = "report.html"
+TOP_K = 10
+MAX_TABLE_ROWS = 2000
+SECTIONS = {"summary": "Summary", "best-so-far": "Best so far", "learning-curves": "Learning curves",
+            "pbt": "PBT schedules and exploits", "lineage": "Evolution lineage", "top": f"Top {TOP_K} trials"}
+
+
+@dataclass
+class Experiment:
+    """An experiment folder's rows as a frame, with `value` the metric (NaN when failed or missing)."""
+
+    folder: Path
+    meta: dict[str, Any]
+    metric: str
+    mode: str
+    result: ExperimentResult
+    rows: pd.DataFrame
+
+    @classmethod
+    def load(cls, folder: str | Path) -> Experiment:
+        folder = Path(folder)
+        result = ExperimentResult.load(folder)
+        meta = json.loads((folder / "meta.json").read_text()) if (folder / "meta.json").exists() else {}
+        if not result.metric:
+            raise ValueError(f"{folder / 'meta.json'} must name the experiment's `metric`; got meta {meta!r}")
+        if result.mode not in ("max", "min"):
+            raise ValueError(f"mode in {folder / 'meta.json'} must be 'max' or 'min', got {result.mode!r}")
+        rows = result.dataframe()
+        rows["order"] = np.arange(len(rows))
+        value = pd.to_numeric(rows[result.metric], errors="coerce") if result.metric in rows else np.nan
+        rows["value"] = pd.Series(value, index=rows.index, dtype=float).replace([np.inf, -np.inf], np.nan)
+        rows.loc[rows["status"] == "failed", "value"] = np.nan
+        return cls(folder, meta, result.metric, result.mode, result, rows)
+
+    @property
+    def ok(self) -> pd.DataFrame:
+        return self.rows[self.rows["value"].notna()]
+
+    def trials(self) -> pd.DataFrame:
+        """One row per trial: its first config, parent, final status, best value and number of steps."""
+        grouped = self.rows.sort_values("order").groupby("trial_id", sort=True)
+        frame = grouped.agg(config=("config", "first"), parent_id=("parent_id", "first"),
+                            status=("status", "last"), steps=("step", "max")).reset_index()
+        best = self.ok.groupby("trial_id")["value"].agg("max" if self.mode == "max" else "min")
+        frame["value"] = frame["trial_id"].map(best)
+        return frame
+
+
+def flatten(config: Any, prefix: str = "") -> dict[str, Any]:
+    """`{"a": {"b": 1}}` -> `{"a.b": 1}`; non-dicts map to themselves under `prefix` (or "value")."""
+    if not isinstance(config, dict):
+        return {prefix or "value": config}
+    out: dict[str, Any] = {}
+    for key, value in config.items():
+        out.update(flatten(value, f"{prefix}{key}.") if isinstance(value, dict) else {f"{prefix}{key}": value})
+    return out
+
+
+def diff(old: Any, new: Any) -> list[tuple[str, Any, Any]]:
+    """The decisions that differ between two configs: (key, old value, new value); '—' where absent."""
+    a, b = flatten(old), flatten(new)
+    keys = sorted(set(a) | set(b), key=str)
+    return [(k, a.get(k, "—"), b.get(k, "—")) for k in keys if a.get(k, "—") != b.get(k, "—")]
+
+
+def fmt(value: Any) -> str:
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.number)):
+        return "—" if value is None else str(value)
+    if isinstance(value, (float, np.floating)) and math.isnan(value):
+        return "—"
+    if isinstance(value, (int, np.integer)) or float(value).is_integer() and abs(value) < 1e15:
+        return str(int(value))
+    return f"{value:,.0f}" if abs(value) >= 1e4 else f"{value:.4g}"
+
+
+def changes_text(changes: list[tuple[str, Any, Any]]) -> str:
+    return "; ".join(f"{k}: {fmt(a)} → {fmt(b)}" for k, a, b in changes) or "(no change)"
+
+
+def table(frame: pd.DataFrame, *, caption: str = "", limit: int = MAX_TABLE_ROWS) -> str:
+    """A pandas HTML table (values escaped), cut at `limit` rows with a note saying how many were left out."""
+    note = f"<p class='note'>{len(frame) - limit} more rows not shown.</p>" if len(frame) > limit else ""
+    body = frame.head(limit).map(fmt).to_html(index=False, escape=True, border=0, classes="data")
+    head = f"<p class='caption'>{html.escape(caption)}</p>" if caption else ""
+    return head + body + note
+
+
+def na(text: str) -> str:
+    return f"<p class='na'>{html.escape(text)}</p>"
+
+
+def figure(svg: str, caption: str) -> str:
+    return f"<figure>{svg}<figcaption>{html.escape(caption)}</figcaption></figure>"
+
+
+# -- sections ----------------------------------------------------------------------------------------
+def summary(exp: Experiment) -> str:
+    counts = exp.result.counts()
+    best = exp.result.best
+    items = {
+        "experiment": exp.meta.get("name", exp.folder.name), "controller": exp.meta.get("controller", "—"),
+        "executor": exp.meta.get("executor", "—"), "metric": f"{exp.metric} ({exp.mode})",
+        "trials": f"{exp.rows['trial_id'].nunique()} ("
+                  + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) + ")",
+        "rows (trial steps)": len(exp.rows), "exploit events": int(exp.rows["donor_id"].notna().sum()),
+        "time span": f"{fmt(float(exp.rows['end'].max()))} s" if len(exp.rows) else "—",
+        "best": f"{exp.metric} = {fmt(best[exp.metric])} (trial {best['trial_id']}, step {best['step']})"
+                if best else "no successful result yet",
+        "folder": str(exp.folder), "generated": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }
+    return "<dl>" + "".join(f"<dt>{html.escape(k)}</dt><dd>{html.escape(str(v))}</dd>" for k, v in items.items()) \
+        + "</dl>"
+
+
+def best_section(exp: Experiment) -> str:
+    ok = exp.ok.sort_values(["end", "order"]).copy()
+    if ok.empty:
+        return na("No successful result yet: nothing to plot.")
+    ok["n_trials"] = (~ok["trial_id"].duplicated()).cumsum()
+    ok["best"] = ok["value"].cummax() if exp.mode == "max" else ok["value"].cummin()
+    return figure(plots.best_so_far(ok, exp.metric, exp.mode),
+                  f"Best {exp.metric} so far ({exp.mode}) against the executor clock and against trials evaluated; "
+                  "grey dots are individual reports.")
+
+
+def exploit_events(exp: Experiment) -> pd.DataFrame:
+    """Rows where a PBT exploit happened, with the donor's latest value and the config before and after."""
+    events = exp.rows[exp.rows["donor_id"].notna()].sort_values("order")
+    out = []
+    for _, row in events.iterrows():
+        own = exp.rows[exp.rows["trial_id"] == row["trial_id"]]
+        later = own[own["step"] > row["step"]].sort_values("step")
+        after = later["config"].iloc[0] if len(later) else None
+        donor = exp.ok[(exp.ok["trial_id"] == row["donor_id"]) & (exp.ok["end"] <= row["end"])].sort_values("end")
+        record = {"trial": int(row["trial_id"]), "step": int(row["step"]), "donor": int(row["donor_id"]),
+                  "value": row["value"], "donor value": donor["value"].iloc[-1] if len(donor) else np.nan,
+                  "changes": changes_text(diff(row["config"], after)) if after is not None else "(trial ended)"}
+        record.update({f"after.{k}": v for k, v in flatten(after).items()} if after is not None else {})
+        out.append(record)
+    return pd.DataFrame(out, columns=["trial", "step", "donor", "value", "donor value", "changes"]
+                        + sorted({k for r in out for k in r if k.startswith("after.")}))
+
+
+def curves_section(exp: Experiment, exploits: pd.DataFrame) -> str:
+    ok = exp.ok
+    if ok.empty:
+        return na("No successful result yet: no learning curves.")
+    top_ids = [int(r["trial_id"]) for r in exp.result.ranked()[:TOP_K]]
+    marks = exploits.rename(columns={"trial": "trial_id"})[["trial_id", "step", "value"]]
+    if ok["step"].max() <= 1:
+        return na(f"Every trial reported a single step (one evaluation each): no curves to draw; the "
+                  f"{ok['trial_id'].nunique()} results are in 'Best so far' and the lineage.")
+    return figure(plots.learning_curves(ok, top_ids, marks, exp.metric),
+                         f"{exp.metric} against step for each of {ok['trial_id'].nunique()} trials; the top "
+                         f"{len(top_ids)} in colour, the rest grey; x marks PBT exploits.")
+
+
+def pbt_section(exp: Experiment, exploits: pd.DataFrame) -> str:
+    is_pbt = "populationbased" in str(exp.meta.get("controller", "")).lower().replace("_", "")
+    if not is_pbt and exploits.empty:
+        return na(f"Not a PBT experiment (controller {exp.meta.get('controller', 'unknown')}): no row has a "
+                  "donor_id, so there are no hyperparameter schedules or exploit events.")
+    flat = pd.DataFrame([flatten(c) for c in exp.rows["config"]], index=exp.rows.index)
+    keys = [k for k in flat.columns if flat[k].map(lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)
+                                                   or v is None).all() and flat[k].notna().any()]
+    parts = []
+    if keys:
+        frame = pd.concat([exp.rows[["trial_id", "step"]], flat[keys].astype(float)], axis=1)
+        parts.append(figure(plots.schedules(frame, keys, exploits),
+                            "Numeric hyperparameters of each member over steps; x marks the value a member "
+                            "continued with after an exploit."))
+    else:
+        parts.append(na("The configs have no numeric hyperparameters to plot."))
+    if exploits.empty:
+        parts.append(na("No exploit event yet: no member has copied another's weights."))
+    else:
+        parts.append(table(exploits[["trial", "step", "donor", "value", "donor value", "changes"]].rename(
+            columns={"value": exp.metric, "donor value": f"donor {exp.metric}"}),
+            caption=f"{len(exploits)} exploit events: after `step` the trial loaded the donor's state and "
+                    "continued with the donor's config, perturbed (changes from its own previous config)."))
+    return "".join(parts)
+
+
+def lineage_section(exp: Experiment) -> str:
+    trials = exp.trials()
+    children = trials[trials["parent_id"].notna()].copy()
+    if children.empty:
+        return na(f"No trial has a parent_id (controller {exp.meta.get('controller', 'unknown')} does not breed "
+                  "trials from others): no lineage tree.")
+    children["parent_id"] = children["parent_id"].astype(int)
+    by_id = trials.set_index("trial_id")
+    records = []
+    for _, child in children.iterrows():
+        parent = by_id.loc[child["parent_id"]] if child["parent_id"] in by_id.index else None
+        changes = diff(parent["config"], child["config"]) if parent is not None else []
+        kind = ", ".join(str(k) for k, _, _ in changes) or ("(no change)" if parent is not None else "(parent unknown)")
+        pv = parent["value"] if parent is not None else np.nan
+        records.append({"trial_id": int(child["trial_id"]), "parent_id": int(child["parent_id"]), "changed": kind,
+                        "mutation": changes_text(changes) if parent is not None else "(parent not recorded)",
+                        "value": child["value"], "parent value": pv, "delta": child["value"] - pv})
+    edges = pd.DataFrame(records)
+    ancestry = ancestors(by_id, exp.result.best["trial_id"]) if exp.result.best else []
+    sign = 1 if exp.mode == "max" else -1
+    effect = edges.groupby("changed").agg(mutations=("trial_id", "size"), mean_delta=("delta", "mean"),
+                                          improved=("delta", lambda d: float((sign * d > 0).mean())))
+    effect = effect.sort_values("mutations", ascending=False).reset_index().rename(columns={
+        "changed": "decision changed", "mean_delta": f"mean Δ {exp.metric}", "improved": "share improved"})
+    chain = pd.DataFrame([{"generation": i, "trial": t, exp.metric: by_id.loc[t, "value"],
+                           "mutation from parent": edges.set_index("trial_id")["mutation"].get(t, "(random start)")}
+                          for i, t in enumerate(ancestry)])
+    full = edges.rename(columns={"trial_id": "child", "parent_id": "parent", "value": exp.metric,
+                                 "parent value": f"parent {exp.metric}", "delta": "Δ"}).drop(columns="changed")
+    return (figure(plots.lineage(trials[trials["value"].notna()], edges, ancestry, exp.metric),
+                   f"{len(edges)} children bred from parents among {len(trials)} trials; each line joins a parent "
+                   "to its child, coloured by the decision the mutation changed; red: the best trial's ancestors.")
+            + table(chain, caption="Ancestry of the best trial, from its random ancestor down.")
+            + table(effect, caption=f"Mutations per decision: mean change of {exp.metric} and share that improved.")
+            + f"<details{' open' if len(full) <= 30 else ''}><summary>All {len(full)} mutations</summary>"
+            + table(full) + "</details>")
+
+
+def ancestors(by_id: pd.DataFrame, trial_id: int) -> list[int]:
+    """`trial_id` and its parents up to a trial with no (recorded) parent, oldest first."""
+    chain, seen = [int(trial_id)], {int(trial_id)}
+    while True:
+        parent = by_id["parent_id"].get(chain[-1])
+        if parent is None or pd.isna(parent) or int(parent) in seen or int(parent) not in by_id.index:
+            return chain[::-1]
+        chain.append(int(parent))
+        seen.add(int(parent))
+
+
+def top_section(exp: Experiment) -> str:
+    ranked = exp.result.ranked()[:TOP_K]
+    if not ranked:
+        return na("No successful result yet: no ranking.")
+    metrics = [k for k in ranked[0] if k not in RESERVED and k != exp.metric
+               and isinstance(ranked[0][k], (int, float)) and not isinstance(ranked[0][k], bool)]
+    records = []
+    for rank, row in enumerate(ranked, start=1):
+        record = {"rank": rank, "trial": row["trial_id"], exp.metric: row[exp.metric]}
+        record.update({k: row.get(k) for k in metrics})
+        record.update({"step": row["step"], "parent": row.get("parent_id")})
+        record.update({(k if k not in record else f"config.{k}"): v for k, v in flatten(row["config"]).items()})
+        records.append(record)
+    return table(pd.DataFrame(records), caption=f"The {len(records)} best trials by {exp.metric} ({exp.mode}), "
+                                                "each at its best step, with its full config.")
+
+
+# -- page ----------------------------------------------------------------------------------------------
+
+
+def render_report(folder: str | Path) -> str:
+    """The report of the experiment in `folder` as one HTML string."""
+    exp = Experiment.load(folder)
+    exploits = exploit_events(exp)
+    bodies = {"summary": summary(exp), "best-so-far": best_section(exp),
+              "learning-curves": curves_section(exp, exploits), "pbt": pbt_section(exp, exploits),
+              "lineage": lineage_section(exp), "top": top_section(exp)}
+    title = html.escape(f"nasplat report: {exp.meta.get('name', exp.folder.name)}")
+    nav = "".join(f"<a href='#{key}'>{html.escape(label)}</a>" for key, label in SECTIONS.items())
+    sections = "".join(f"<section id='{key}'><h2>{html.escape(SECTIONS[key])}</h2>{body}</section>"
+                       for key, body in bodies.items())
+    return (f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>{title}</title>"
+            f"<meta name='viewport' content='width=device-width'><style>{plots.CSS}</style></head>"
+            f"<body><h1>{title}</h1><nav>{nav}</nav>{sections}</body></html>\n")
+
+
+def build_report(folder: str | Path) -> Path:
+    """Write `<folder>/report.html` (atomically) and return its path."""
+    folder = Path(folder)
+    if not (folder / ROWS_FILE).exists():
+        raise FileNotFoundError(f"{folder} is not an experiment folder: no {ROWS_FILE} in it")
+    path = folder / REPORT_FILE
+    write_atomic(path, render_report(folder).encode("utf-8"))
+    return path
