@@ -6,7 +6,6 @@ import importlib.util
 import os
 import signal
 import sys
-import threading
 import time
 from typing import Any
 
@@ -20,6 +19,7 @@ from torch import nn
 from nasplat.distributed import Gang, check_options
 from nasplat.distributed.async_sgd import AsyncBackend
 from nasplat.distributed.context import rank_seed
+from nasplat.distributed.packing import PackedTensor, pack, unpack
 from nasplat.distributed.gossip import ring_neighbours
 from nasplat.distributed.parameter_server import shard_parameters
 from nasplat.trainer import Trainer, WorkerContext, start
@@ -231,7 +231,7 @@ def test_allreduce_two_half_batches_equal_one_whole_batch(gangs):
     reference = local_run(DigitsTrainer, config, seed=3, steps=1).state_dict()["model"]
     gang = gangs("allreduce")
     run_gang(gang, config, seed=3, steps=1)
-    rank0, rank1 = ray.get([actor.state.remote() for actor in gang.actors])
+    rank0, rank1 = [unpack(s) for s in ray.get([actor.state.remote() for actor in gang.actors])]
     assert max_diff(rank0["model"], reference) <= 1e-5
     assert max_diff(rank1["model"], rank0["model"]) == 0.0
     assert max_diff(reference, start(DigitsTrainer(), config, WorkerContext(seed=3)).state_dict()["model"]) > 1e-2
@@ -251,17 +251,17 @@ def check_exploit(gangs: Any, backend: str) -> None:
     assert [info["pid"] for info in ray.get([server.info.remote() for server in gang.servers])] == servers
     if backend != "async":
         assert all(rank["group_inits"] == 1 and rank["group_uid"] == gang.group_uid for rank in before)
-    donor_model = ray.get(state)["model"]
-    for rank_state in ray.get([actor.state.remote() for actor in gang.actors]):
+    donor_model = unpack(ray.get(state))["model"]
+    for rank_state in [unpack(s) for s in ray.get([actor.state.remote() for actor in gang.actors])]:
         assert max_diff(rank_state["model"], donor_model) == 0.0
     assert [m["epoch"] for m in metrics] == [3, 3]
     # Again through the Trainer's default update_config, which rebuilds the model and prepares it anew.
     metrics = ray.get(gang.exploit(state, {**config, "lr": 0.0, "rebuild": True}))
     assert gang.identity() == before and [m["epoch"] for m in metrics] == [3, 3]
-    assert max_diff(ray.get(gang.state())["model"], donor_model) == 0.0
+    assert max_diff(unpack(ray.get(gang.state()))["model"], donor_model) == 0.0
     # The gang's state is a one-worker trainer's state: it loads into a local trainer as it is.
     local = start(DigitsTrainer(), config, WorkerContext(seed=0))
-    local.load_state_dict(ray.get(gang.state()))
+    local.load_state_dict(unpack(ray.get(gang.state())))
     assert set(local.optimizer.state_dict()["state"]) == set(range(4))
 
 
@@ -317,7 +317,7 @@ def test_gossip_consensus_distance_falls_without_training(gangs, workers):
     assert metrics["consensus_distance"] < 1e-3
     if workers == 4:
         assert metrics["consensus_distance"] > 0.0
-    states = ray.get([actor.state.remote() for actor in gang.actors])
+    states = [unpack(s) for s in ray.get([actor.state.remote() for actor in gang.actors])]
     assert max(max_diff(state["model"], states[0]["model"]) for state in states) < 1e-3
 
 
@@ -350,3 +350,21 @@ def test_killed_parameter_server_restarts_from_its_snapshot_and_the_trial_goes_o
 
 def test_async_exploit_keeps_actors_and_servers(gangs):
     check_exploit(gangs, "async")
+
+
+def test_packed_states_round_trip_tensors_and_leave_everything_else_alone():
+    model = torch.nn.Linear(3, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model(torch.ones(1, 3)).sum().backward()
+    optimizer.step()
+    state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": 3, "array": np.arange(3),
+             "pair": (torch.ones(2, dtype=torch.bfloat16), "x")}
+    packed = pack(state)
+    assert isinstance(packed["model"]["weight"], PackedTensor) and isinstance(packed["array"], np.ndarray)
+    assert isinstance(packed["pair"][0], torch.Tensor)  # numpy has no bfloat16: it travels as a tensor
+    back = unpack(ray.cloudpickle.loads(ray.cloudpickle.dumps(packed)))
+    assert max_diff(back["model"], state["model"]) == 0.0 and back["step"] == 3
+    assert torch.equal(back["optimizer"]["state"][0]["momentum_buffer"], state["optimizer"]["state"][0]["momentum_buffer"])
+    assert back["optimizer"]["param_groups"] == state["optimizer"]["param_groups"]
+    assert back["model"]["weight"].data_ptr() != state["model"]["weight"].data_ptr()  # the receiver owns a copy
+    back["model"]["weight"] += 1  # and may write to it

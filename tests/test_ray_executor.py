@@ -32,7 +32,8 @@ class Sleepy(Trainer):
 
 
 class LinearRegression(Trainer):
-    """SGD on a fixed regression problem; reports the optimizer's learning rate and its pid."""
+    """SGD on a fixed regression problem; reports the optimizer's learning rate and its pid. A step takes 0.2 s, so
+    that PBT's two members train side by side even when one starts a second later than the other."""
 
     def setup(self, config, ctx):
         torch.manual_seed(ctx.seed)
@@ -43,11 +44,12 @@ class LinearRegression(Trainer):
         self.opt = torch.optim.SGD(self.model.parameters(), lr=config["lr"])
 
     def step(self):
+        time.sleep(0.2)
         loss = torch.nn.functional.mse_loss(self.model(self.x).squeeze(1), self.y)
         self.opt.zero_grad()
         loss.backward()
         self.opt.step()
-        return {"neg_loss": -float(loss), "lr": self.opt.param_groups[0]["lr"], "pid": os.getpid()}
+        return {"neg_loss": -loss.item(), "lr": self.opt.param_groups[0]["lr"], "pid": os.getpid()}
 
     def state_dict(self):
         return {"model": self.model.state_dict(), "opt": self.opt.state_dict()}
@@ -113,6 +115,51 @@ def test_pbt_exploit_keeps_the_process_and_applies_the_new_learning_rate(ray_ses
         assert after.lr == pytest.approx(after.config["lr"]) and after.lr != pytest.approx(row.lr)
         assert after.neg_loss > row.neg_loss  # it continues from the donor's much better weights
     assert frame.groupby("trial_id").pid.nunique().max() == 1
+
+
+class Counter(Trainer):
+    """State: a step counter. With `slow`, the third step takes 3 s."""
+
+    def setup(self, config, ctx):
+        self.t = 0
+
+    def step(self):
+        self.t += 1
+        if self.config["slow"] and self.t == 3:
+            time.sleep(3.0)
+        return {"t": self.t}
+
+    def state_dict(self):
+        return {"t": self.t}
+
+    def load_state_dict(self, state):
+        self.t = state["t"]
+
+
+def test_exploit_copies_the_donors_snapshot_without_waiting_for_its_running_step(ray_session):
+    from nasplat.executors.ray_executor import RayExecutor
+
+    executor = RayExecutor(2)
+    executor.open(Counter, "snapshot-exp")
+    try:
+        def next_metrics():
+            (event,) = executor.wait()
+            assert event.error is None, event.error
+            return event.trial_id, event.metrics
+
+        executor.launch(0, {"slow": True}, seed=0)
+        assert next_metrics() == (0, {"t": 1})
+        executor.step(0, snapshot=True)  # the state after step 2 is kept
+        assert next_metrics() == (0, {"t": 2})
+        executor.step(0)  # the 3 s step
+        executor.launch(1, {"slow": False}, seed=1)
+        assert next_metrics() == (1, {"t": 1})
+        began = time.monotonic()
+        executor.exploit(1, 0, {"slow": False})
+        assert next_metrics() == (1, {"t": 3})  # continued from the donor's t = 2, not from its running step
+        assert time.monotonic() - began < 2.0
+    finally:
+        executor.close()
 
 
 CRASHING_DRIVER = """

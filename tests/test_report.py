@@ -10,7 +10,6 @@ import html
 import json
 import re
 import shutil
-import subprocess
 import threading
 import urllib.error
 import urllib.request

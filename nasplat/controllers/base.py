@@ -84,6 +84,11 @@ class Controller(ABC):
         """An intermediate report; the default lets every trial run to its step budget."""
         return CONTINUE
 
+    def snapshot_due(self, trial_id: int, step: int) -> bool:
+        """Whether a later exploit may copy the trial's state as of `step`; executors then keep a copy of it,
+        so that the exploit need not wait for the donor's running step. The default: never."""
+        return False
+
     # -- helpers ---------------------------------------------------------------------------
     def score(self, result: Result) -> float | None:
         """The maximised score of `result`, or None if it failed or lacks a finite metric."""

@@ -83,6 +83,10 @@ class PopulationBasedTraining(Controller):
         self.exploits.append((result.step, trial_id, donor))
         return Exploit(donor, copy_config(config))
 
+    def snapshot_due(self, trial_id: int, step: int) -> bool:
+        """At every perturbation step, where members are ranked and become donors."""
+        return trial_id in self.configs and step % self.perturbation_interval == 0
+
     def tell(self, trial_id: int, result: Result) -> None:
         self._score_of(trial_id, result)
         self.scores.pop(trial_id, None)  # a finished member's state is no longer available to copy

@@ -24,10 +24,12 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, Place
 
 from nasplat.distributed.context import (GROUP_BACKENDS, DistributedContext, check_backend, check_options,
                                          make_backend, rank_seed, worker_device)
+from nasplat.distributed.packing import pack, unpack
 from nasplat.space import Config
 from nasplat.trainer import Trainer, start
 
 STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
+SNAPSHOT = "__nasplat_snapshot__"  # the key of a step's state snapshot in rank 0's metrics
 
 
 class Worker:
@@ -85,26 +87,31 @@ class Worker:
                                  impl=self.impl)
         self.trainer = start(self.trainer_cls(), config, ctx)
         if state is not None:
-            self.trainer.load_state_dict(state)
+            self.trainer.load_state_dict(unpack(state))
             self.impl.on_load()
         return self.step()
 
-    def step(self) -> dict[str, Any]:
+    def step(self, snapshot: bool = False) -> dict[str, Any]:
+        """One trainer step; with `snapshot`, rank 0 also puts its packed state in the object store and returns
+        the reference under `SNAPSHOT` (an exploit copies it without waiting for this rank's next step)."""
         metrics = dict(self.trainer.step())
         metrics.update(self.impl.end_step())  # every rank takes part; rank 0's copy speaks for the trial
+        if snapshot and self.rank == 0:
+            metrics[SNAPSHOT] = ray.put(pack(self.trainer.state_dict()))
         return metrics
 
     def exploit(self, state: dict[str, Any], config: Config, epoch: int = 0) -> dict[str, Any]:
         """Load the donor's state on this rank, put `config` in effect, step; the actor and its group stay."""
         self.impl.begin(epoch, new_trial=False)
-        self.trainer.load_state_dict(state)
+        self.trainer.load_state_dict(unpack(state))
         self.trainer.config = config
         self.trainer.update_config(config)
         self.impl.on_load()
         return self.step()
 
-    def state(self) -> dict[str, Any]:
-        return self.trainer.state_dict()
+    def state(self) -> Any:
+        """The trainer's state, packed for the object store (see `nasplat.distributed.packing`)."""
+        return pack(self.trainer.state_dict())
 
 
 @functools.cache
@@ -212,8 +219,8 @@ class Gang:
         self._epoch += 1
         return [a.launch.remote(trial_id, config, seed, state, self._epoch) for a in self.actors]
 
-    def step(self) -> list[ray.ObjectRef]:
-        return [a.step.remote() for a in self.actors]
+    def step(self, snapshot: bool = False) -> list[ray.ObjectRef]:
+        return [a.step.remote(snapshot) for a in self.actors]
 
     def exploit(self, state: Any, config: Config) -> list[ray.ObjectRef]:
         """Load `state` (a state dict or an ObjectRef to one) on every rank, put `config` in effect, step."""
@@ -221,6 +228,7 @@ class Gang:
         return [a.exploit.remote(state, config, self._epoch) for a in self.actors]
 
     def state(self) -> ray.ObjectRef:
+        """Rank 0's trainer state in the object store, packed (`nasplat.distributed.packing.unpack` reads it)."""
         return self.actors[0].state.remote()
 
     def identity(self) -> list[dict[str, Any]]:

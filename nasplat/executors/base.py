@@ -44,12 +44,13 @@ class Executor(ABC):
         """Set the trial up (loading `state` when given) and start its first step."""
 
     @abstractmethod
-    def step(self, trial_id: int) -> None:
-        """Start the trial's next step."""
+    def step(self, trial_id: int, snapshot: bool = False) -> None:
+        """Start the trial's next step; with `snapshot`, keep a copy of the state after it for `exploit`."""
 
     @abstractmethod
     def exploit(self, trial_id: int, donor_id: int, config: Config) -> Any:
-        """Copy `donor_id`'s current state into the trial, put `config` in effect, start its next step.
+        """Copy `donor_id`'s state (its latest snapshot, else its current state) into the trial, put `config` in
+        effect, start its next step.
 
         Returns a handle to the donor state it loaded: a retry of the trial restarts from it."""
 

@@ -45,7 +45,7 @@ class LocalExecutor(Executor):
             self.failed_setup[trial_id] = traceback.format_exc()
         self.step(trial_id)
 
-    def step(self, trial_id: int) -> None:
+    def step(self, trial_id: int, snapshot: bool = False) -> None:
         self.queue.append(trial_id)
 
     def exploit(self, trial_id: int, donor_id: int, config: Config) -> Any:
@@ -102,7 +102,7 @@ class SimulatedExecutor(LocalExecutor):
     def now(self) -> float:
         return self.clock
 
-    def step(self, trial_id: int) -> None:
+    def step(self, trial_id: int, snapshot: bool = False) -> None:
         event = self.run_step(trial_id)
         cost = 0.0
         if event.metrics is not None:

@@ -12,7 +12,7 @@ from typing import Any
 import ray
 import ray.cloudpickle
 
-from nasplat.distributed.gang import Gang
+from nasplat.distributed.gang import SNAPSHOT, Gang
 from nasplat.executors.base import Executor, StepEvent
 from nasplat.space import Config
 
@@ -32,6 +32,7 @@ class _Slot:
     pid: int = 0
     healthy: bool = True
     trials: list[int] = field(default_factory=list)
+    snapshot: ray.ObjectRef | None = None  # the running trial's latest state snapshot
 
 
 class RayExecutor(Executor):
@@ -43,7 +44,7 @@ class RayExecutor(Executor):
     Idle gangs are released when no step finishes within `idle_release_s`, so gangs waiting for resources can start.
     """
 
-    idle_release_s = None
+    idle_release_s = 1.0
 
     def __init__(self, concurrency: int | None = None, *, cpus_per_trial: float = 1.0, gpus_per_trial: float = 0.0,
                  workers: int = 1, backend: str = "allreduce", strategy: str = "PACK",
@@ -107,15 +108,18 @@ class RayExecutor(Executor):
     def launch(self, trial_id: int, config: Config, seed: int, state: Any = None) -> None:
         slot = self._slot()
         slot.trials.append(trial_id)
+        slot.snapshot = None
         self.busy[trial_id] = slot
         self._track(trial_id, slot.gang.launch(trial_id, config, seed, state))
 
-    def step(self, trial_id: int) -> None:
-        self._track(trial_id, self.busy[trial_id].gang.step())
+    def step(self, trial_id: int, snapshot: bool = False) -> None:
+        self._track(trial_id, self.busy[trial_id].gang.step(snapshot))
 
     def exploit(self, trial_id: int, donor_id: int, config: Config) -> Any:
-        state = self.busy[donor_id].gang.state()
-        self._track(trial_id, self.busy[trial_id].gang.exploit(state, config))
+        donor, receiver = self.busy[donor_id], self.busy[trial_id]
+        state = donor.snapshot if donor.snapshot is not None else donor.gang.state()
+        receiver.snapshot = None
+        self._track(trial_id, receiver.gang.exploit(state, config))
         return state
 
     def stop(self, trial_id: int) -> None:
@@ -149,6 +153,9 @@ class RayExecutor(Executor):
         metrics, error = None, None
         try:
             metrics = ray.get(step.refs)[0]
+            snapshot = metrics.pop(SNAPSHOT, None)
+            if snapshot is not None and slot is not None:
+                slot.snapshot = snapshot
         except Exception as exc:  # the trainer raised, or an actor/node died
             error = "".join(traceback.format_exception_only(type(exc), exc)).strip()
             if slot is not None:
