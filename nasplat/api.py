@@ -54,7 +54,8 @@ def make_executor(executor: str | Executor, *, concurrency: int | None, **option
 
 def run(*, trainer: type | str, controller: str | type | Controller = "random", space: Any = None,
         metric: str | None = None, mode: Literal["max", "min"] = "max", executor: str | Executor = "local",
-        concurrency: int | None = None, max_trials: int | None = None, time_budget_s: float | None = None, max_steps: int = 1,
+        concurrency: int | None = None, max_trials: int | None = None, time_budget_s: float | None = None,
+        max_steps: int = 1,
         max_failures: int = 0, seed: int = 0, name: str | None = None,
         storage: str | Path | None = None, progress: bool = False, controller_options: Mapping[str, Any] | None = None,
         executor_options: Mapping[str, Any] | None = None, checkpoint_interval_s: float = 1.0,
@@ -76,7 +77,8 @@ def run(*, trainer: type | str, controller: str | type | Controller = "random", 
     settings = dict(trainer=trainer_cls, controller=ctrl, executor=executor, concurrency=concurrency,
                     budget=Budget(max_trials, time_budget_s, max_steps), max_failures=max_failures,
                     seed=seed, name=name, progress=progress,
-                    executor_options=dict(executor_options or {}), checkpoint_interval_s=checkpoint_interval_s, callbacks=list(callbacks))
+                    executor_options=dict(executor_options or {}), checkpoint_interval_s=checkpoint_interval_s,
+                    callbacks=list(callbacks))
     folder = None
     if storage is not None:
         folder = Path(storage) / name

@@ -84,6 +84,9 @@ class Engine:
         if needed > 1:
             self.executor.reserve(needed)
         self.checkpoint()
+        if self.progress and self.storage is not None:
+            print(f"[nasplat {self.name}] results in {self.storage} · live view: nasplat serve {self.storage}",
+                  file=sys.stderr, flush=True)
         try:
             for record in self.running():
                 self._launch(record, fresh=True)

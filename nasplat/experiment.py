@@ -39,7 +39,8 @@ def experiment_kwargs(spec: Mapping[str, Any], *, source: str = "experiment") ->
     if isinstance(controller, str):
         controller = {"name": controller}
     if not isinstance(controller, Mapping) or "name" not in controller:
-        raise ValueError(f"{source}: 'controller' must be a name or a mapping with 'name' and options, got {controller!r}")
+        raise ValueError(f"{source}: 'controller' must be a name or a mapping with 'name' and options, "
+                         f"got {controller!r}")
     budget = spec["budget"]
     _check_keys(budget, BUDGET_KEYS, f"{source}: budget")
     resources = spec.get("resources") or {}

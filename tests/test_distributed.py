@@ -364,7 +364,8 @@ def test_packed_states_round_trip_tensors_and_leave_everything_else_alone():
     assert isinstance(packed["pair"][0], torch.Tensor)  # numpy has no bfloat16: it travels as a tensor
     back = unpack(ray.cloudpickle.loads(ray.cloudpickle.dumps(packed)))
     assert max_diff(back["model"], state["model"]) == 0.0 and back["step"] == 3
-    assert torch.equal(back["optimizer"]["state"][0]["momentum_buffer"], state["optimizer"]["state"][0]["momentum_buffer"])
+    momentum = state["optimizer"]["state"][0]["momentum_buffer"]
+    assert torch.equal(back["optimizer"]["state"][0]["momentum_buffer"], momentum)
     assert back["optimizer"]["param_groups"] == state["optimizer"]["param_groups"]
     assert back["model"]["weight"].data_ptr() != state["model"]["weight"].data_ptr()  # the receiver owns a copy
     back["model"]["weight"] += 1  # and may write to it

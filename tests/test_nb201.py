@@ -31,7 +31,8 @@ def test_arch_strings_round_trip_for_every_cell_of_the_table(shared_data):
     assert len({cell_code(from_arch_str(a)) for a in frame["arch"]}) == 15_625
 
 
-@pytest.mark.parametrize("bad", ["", "|conv~0|+|a~0|b~1|+|x~0|y~1|z~2|", "|none~1|+|none~0|none~1|+|none~0|none~1|none~2|",
+@pytest.mark.parametrize("bad", ["", "|conv~0|+|a~0|b~1|+|x~0|y~1|z~2|",
+                                 "|none~1|+|none~0|none~1|+|none~0|none~1|none~2|",
                                  "|none~0|+|none~0|+|none~0|none~1|none~2|"])
 def test_malformed_arch_strings_are_rejected_by_name(bad):
     with pytest.raises(ValueError, match="arch|edge|node"):

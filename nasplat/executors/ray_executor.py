@@ -51,7 +51,8 @@ class RayExecutor(Executor):
                  backend_options: dict[str, Any] | None = None, address: str | None = None,
                  init_options: dict[str, Any] | None = None) -> None:
         if concurrency is not None and (not isinstance(concurrency, int) or concurrency < 1):
-            raise ValueError(f"`concurrency` must be an integer >= 1 (or None for the cluster's CPUs), got {concurrency!r}")
+            raise ValueError(f"`concurrency` must be an integer >= 1 (or None for the cluster's CPUs), "
+                             f"got {concurrency!r}")
         if not cpus_per_trial > 0:
             raise ValueError(f"`cpus_per_trial` must be > 0, got {cpus_per_trial!r}")
         self.requested_concurrency = concurrency
