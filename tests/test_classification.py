@@ -97,7 +97,7 @@ class PlainSGD(nasplat.Trainer):
         self.optimizer.zero_grad()
         self.model(torch.ones(4, 3)).pow(2).mean().backward()
         self.optimizer.step()
-        return {"w": float(self.model.weight.sum())}
+        return {"w": self.model.weight.detach().sum().item()}
 
     def state_dict(self) -> dict:
         return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from nasplat.distributed import Gang, check_options
+from nasplat.distributed import Gang, Worker, check_options
 from nasplat.distributed.async_sgd import AsyncBackend
 from nasplat.distributed.context import rank_seed
 from nasplat.distributed.packing import PackedTensor, pack, unpack
@@ -369,3 +369,8 @@ def test_packed_states_round_trip_tensors_and_leave_everything_else_alone():
     assert back["optimizer"]["param_groups"] == state["optimizer"]["param_groups"]
     assert back["model"]["weight"].data_ptr() != state["model"]["weight"].data_ptr()  # the receiver owns a copy
     back["model"]["weight"] += 1  # and may write to it
+
+
+def test_a_worker_whose_constructor_failed_still_has_a_name():
+    """Ray names an actor by its repr, also in the error of a constructor that raised half-way."""
+    assert repr(Worker.__new__(Worker)) == "?/trial-?/rank-?"

@@ -50,7 +50,9 @@ class Worker:
         self.group_uid, self.group_inits = "", 0
 
     def __repr__(self) -> str:  # the Ray dashboard and log prefixes show this
-        return f"{self.label}/trial-{self.trial_id}/rank-{self.rank}"
+        # getattr: Ray also calls this when __init__ failed half-way, to name the actor in the error
+        label, trial_id, rank = (getattr(self, k, "?") for k in ("label", "trial_id", "rank"))
+        return f"{label}/trial-{trial_id}/rank-{rank}"
 
     def info(self) -> tuple[str, int]:
         return socket.gethostname(), os.getpid()
