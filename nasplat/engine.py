@@ -32,6 +32,7 @@ class TrialRecord:
     metrics: dict[str, Any] = field(default_factory=dict)
     error: str | None = None
     restart: tuple[Any, int] | None = None  # (state handle, step) to retry from, set by exploits
+    inherit: Any = None  # the parent's final state handle the trial starts from (evolution's inherit_weights)
 
 
 @dataclass
@@ -126,6 +127,8 @@ class Engine:
         if spec.trial_id in self.trials:
             raise RuntimeError(f"controller proposed trial id {spec.trial_id} twice")
         record = TrialRecord(spec.trial_id, spec.config, spec.parent_id)
+        if spec.inherit_from is not None:
+            record.inherit = self.executor.kept_state(spec.inherit_from)
         self.trials[spec.trial_id] = record
         self.active.add(spec.trial_id)
         self._launch(record, fresh=True)
@@ -139,7 +142,10 @@ class Engine:
         else:
             record.step = 0
         trial_seed = int(np.random.SeedSequence([self.seed, record.trial_id, record.attempt]).generate_state(1)[0])
-        self.executor.launch(record.trial_id, record.config, trial_seed, state)
+        if state is None and record.inherit is not None:
+            self.executor.launch(record.trial_id, record.config, trial_seed, record.inherit, inherit=True)
+        else:
+            self.executor.launch(record.trial_id, record.config, trial_seed, state)
 
     # -- results ---------------------------------------------------------------------------------
     def _handle(self, event: StepEvent) -> None:
@@ -186,8 +192,11 @@ class Engine:
         record.status = status
         self._ended_since_checkpoint = True
         self.active.discard(record.trial_id)
-        self.executor.stop(record.trial_id)
         self.controller.tell(record.trial_id, result)
+        parents = self.controller.parents()
+        self.executor.stop(record.trial_id, keep_state=parents is not None and record.trial_id in parents)
+        if parents is not None:
+            self.executor.drop_states(parents)
 
     def _record(self, record: TrialRecord, event: StepEvent, status: str, *, metrics: dict[str, Any],
                 step: int | None = None, donor_id: int | None = None, error: str | None = None) -> None:

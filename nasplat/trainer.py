@@ -58,6 +58,15 @@ class Trainer(ABC):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         raise NotImplementedError(f"{type(self).__name__} does not implement load_state_dict(); PBT exploit needs it")
 
+    def inherit_state(self, state: dict[str, Any]) -> None:
+        """Start from a parent trial's final state (regularized evolution with `inherit_weights`). A child is a
+        mutation, so the state may not fit: the default loads it whole and, if that fails, keeps the fresh
+        initialisation. Override to take what fits (`trainers.classification` copies the matching tensors)."""
+        try:
+            self.load_state_dict(state)
+        except (RuntimeError, KeyError, ValueError, TypeError):
+            start(self, self.config, self.ctx)  # nothing half-loaded
+
     def update_config(self, config: Config) -> None:
         """Put `config` in effect after an exploit. The default rebuilds through `setup` and reloads the state,
         then puts back the hyperparameters (lr, momentum, ...) of every optimizer attribute as `setup` just set

@@ -85,6 +85,23 @@ def test_update_config_with_a_new_architecture_rebuilds_and_keeps_the_weights() 
     assert trainer.epoch == 1
 
 
+def test_a_mutated_child_inherits_the_parents_tensors_that_fit() -> None:
+    parent = make(GOOD)
+    parent.step()
+    child_config = copy.deepcopy(GOOD)
+    child_config["depth"]["layer1"]["kernel"] = 5  # layer 1's convolution changes shape; nothing else does
+    child = make(child_config, seed=9)
+    fresh = weights(child)
+    child.inherit_state(copy.deepcopy(parent.state_dict()))
+    inherited, theirs = weights(child), weights(parent)
+    changed = {k for k in inherited if inherited[k].shape != theirs[k].shape}
+    assert changed and all(k.startswith("blocks.1.conv") for k in changed)
+    for key, value in inherited.items():
+        assert torch.equal(value, fresh[key] if key in changed else theirs[key]), key
+    assert 0 < child.inherited < 1 and child.epoch == 0
+    assert child.step()["test_acc"] > 0.5  # and it trains on from there
+
+
 class PlainSGD(nasplat.Trainer):
     """A trainer that keeps the default `update_config` (rebuild through `setup`, reload the state)."""
 

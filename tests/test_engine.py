@@ -176,3 +176,47 @@ def test_bad_arguments_name_the_value_and_what_is_allowed():
         nasplat.run(trainer=Quadratic, space=SPACE, metric="score", max_trials=1, executor="gpu")
     with pytest.raises(ValueError, match="no attribute 'Nope'"):
         nasplat.run(trainer="trainers.pbt_toy:Nope", space=SPACE, metric="score", max_trials=1)
+
+
+class Lineage(Trainer):
+    """State: steps trained so far along the lineage, and the width `w` they were trained at (the 'shape')."""
+
+    def setup(self, config, ctx):
+        self.t, self.w = 0, config["w"]
+
+    def step(self):
+        self.t += 1
+        return {"score": self.config["x"] + 0.01 * self.t, "t": self.t}
+
+    def state_dict(self):
+        return {"t": self.t, "w": self.w}
+
+    def load_state_dict(self, state):
+        if state["w"] != self.w:
+            raise ValueError(f"state of width {state['w']} does not fit width {self.w}")
+        self.t = state["t"]
+
+
+def check_inheritance(frame, inherit: bool) -> None:
+    """Every child's first step continues its parent's count when the widths match, else starts at 1."""
+    last = frame.groupby("trial_id").t.max()
+    children = frame[frame.parent_id.notna() & (frame.step == 1)]
+    assert len(children) >= 8
+    for _, row in children.iterrows():
+        parent = frame[frame.trial_id == row.parent_id].iloc[-1]
+        fits = inherit and parent.config["w"] == row.config["w"]
+        assert row.t == (last[int(row.parent_id)] + 1 if fits else 1), (row.trial_id, row.parent_id)
+    if inherit:  # both kinds of children occurred
+        assert (children.t > 1).any() and (children.t == 1).any()
+
+
+@pytest.mark.parametrize("inherit", [True, False])
+def test_evolution_children_inherit_their_parents_state_where_it_fits(inherit):
+    from nasplat.executors.local import LocalExecutor
+
+    executor = LocalExecutor(2)
+    result = nasplat.run(trainer=Lineage, space={"x": Float(0.0, 1.0), "w": Choice([1, 2])}, metric="score",
+                         controller="evolution", executor=executor, max_trials=24, max_steps=2, seed=3,
+                         controller_options={"population_size": 4, "sample_size": 2, "inherit_weights": inherit})
+    check_inheritance(result.dataframe(), inherit)
+    assert len(executor.kept) == (4 if inherit else 0)  # only the population's states are kept

@@ -15,7 +15,7 @@ import ray
 import torch
 
 import nasplat
-from nasplat import Float, Int, Trainer
+from nasplat import Choice, Float, Int, Trainer
 from nasplat.results import ExperimentResult
 
 
@@ -239,3 +239,13 @@ def test_experiment_metrics_reach_the_prometheus_endpoint(ray_session):
     assert [float(line.split()[-1]) for line in completed] == [6.0], completed
     best = [line for line in lines if line.startswith("ray_nasplat_best_metric")]
     assert best and float(best[0].split()[-1]) >= 1.0, best
+
+
+def test_evolution_children_inherit_their_parents_state_on_ray(ray_session):
+    from test_engine import Lineage, check_inheritance
+
+    result = nasplat.run(trainer=Lineage, space={"x": Float(0.0, 1.0), "w": Choice([1, 2])}, metric="score",
+                         controller="evolution", executor="ray", concurrency=2, max_trials=24, max_steps=2, seed=3,
+                         controller_options={"population_size": 4, "sample_size": 2, "inherit_weights": True})
+    check_inheritance(result.dataframe(), inherit=True)
+    assert result.dataframe().pid.nunique() == 2  # the states travelled between the two reused actors

@@ -165,6 +165,14 @@ class ClassificationTrainer(Trainer):
         self.optimizer.load_state_dict(state["optimizer"])
         self.epoch = int(state["epoch"])
 
+    def inherit_state(self, state: dict[str, Any]) -> None:
+        """A parent's weights where name and shape match this (mutated) network; the rest stays freshly
+        initialised, the optimizer starts anew and the epoch count at 0. `inherited` is the share of tensors taken."""
+        own = self.net.state_dict()
+        fits = {k: v for k, v in state["model"].items() if k in own and own[k].shape == v.shape}
+        self.net.load_state_dict(fits, strict=False)
+        self.inherited = len(fits) / max(1, len(own))
+
     def update_config(self, config: Config) -> None:
         """Same architecture: set lr / momentum / weight decay / batch size in place. Otherwise rebuild."""
         # Compare with what `setup` built: an executor may have set `self.config = config` already.

@@ -21,6 +21,7 @@ class TrialSpec:
     trial_id: int
     config: Config
     parent_id: int | None = None
+    inherit_from: int | None = None  # an ended trial whose final state this one starts from, where it fits
 
 
 @dataclass(frozen=True)
@@ -110,8 +111,13 @@ class Controller(ABC):
             self.failed_trials.append(trial_id)
         return score
 
-    def _propose(self, config: Config, parent_id: int | None = None) -> TrialSpec:
-        spec = TrialSpec(self.next_trial_id, config, parent_id)
+    def parents(self) -> set[int] | None:
+        """Ended trials whose final state a later trial may start from (`TrialSpec.inherit_from`); executors keep
+        those states and let go of the others. None (the default): no trial inherits, keep nothing."""
+        return None
+
+    def _propose(self, config: Config, parent_id: int | None = None, inherit_from: int | None = None) -> TrialSpec:
+        spec = TrialSpec(self.next_trial_id, config, parent_id, inherit_from)
         self.next_trial_id += 1
         return spec
 

@@ -15,17 +15,20 @@ class RegularizedEvolution(Controller):
 
     Until `population_size` members have reported, trials are random samples. After that each `ask`
     draws `sample_size` members at random, mutates the best of them (one decision changed), and each
-    `tell` appends the child and removes the oldest member, whatever its fitness.
+    `tell` appends the child and removes the oldest member, whatever its fitness. With `inherit_weights`, a
+    child starts from its parent's final state where the shapes allow (`Trainer.inherit_state`).
     """
 
     def __init__(self, space: Space | Mapping[str, Any], *, population_size: int = 10, sample_size: int = 3,
-                 **kwargs: Any) -> None:
+                 inherit_weights: bool = False, **kwargs: Any) -> None:
         super().__init__(space, **kwargs)
         if not isinstance(population_size, int) or population_size < 1:
             raise ValueError(f"`population_size` must be an integer >= 1, got {population_size=!r}")
         if not isinstance(sample_size, int) or not 1 <= sample_size <= population_size:
             raise ValueError(f"`sample_size` must be in [1, population_size], got {sample_size=!r}, {population_size=}")
-        self.population_size, self.sample_size = population_size, sample_size
+        if not isinstance(inherit_weights, bool):
+            raise TypeError(f"`inherit_weights` must be True or False, got {inherit_weights=!r}")
+        self.population_size, self.sample_size, self.inherit_weights = population_size, sample_size, inherit_weights
         self.population: list[tuple[int, Config, float]] = []  # (trial_id, config, score), oldest first
         self._scores: list[float] = []  # the population's scores, for a fast tournament
         self.pending: dict[int, Config] = {}
@@ -35,9 +38,14 @@ class RegularizedEvolution(Controller):
             spec = self._propose(self.space.sample(self.rng))
         else:
             parent = self.tournament()
-            spec = self._propose(self.space.mutate(parent[1], self.rng), parent_id=parent[0])
+            spec = self._propose(self.space.mutate(parent[1], self.rng), parent_id=parent[0],
+                                 inherit_from=parent[0] if self.inherit_weights else None)
         self.pending[spec.trial_id] = copy_config(spec.config)  # the trial may change its copy
         return spec
+
+    def parents(self) -> set[int] | None:
+        """With `inherit_weights`, the members of the population: any of them may become a parent."""
+        return {member[0] for member in self.population} if self.inherit_weights else None
 
     def tournament(self) -> tuple[int, Config, float]:
         """The best of `sample_size` members drawn without replacement (ties: the older wins)."""

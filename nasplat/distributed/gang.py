@@ -81,7 +81,8 @@ class Worker:
         return {"pid": os.getpid(), "group_uid": self.group_uid, "group_inits": self.group_inits,
                 "group_object": id(group) if group is not None else 0, "trial_id": self.trial_id}
 
-    def launch(self, trial_id: int, config: Config, seed: int, state: Any = None, epoch: int = 0) -> dict[str, Any]:
+    def launch(self, trial_id: int, config: Config, seed: int, state: Any = None, epoch: int = 0,
+               inherit: bool = False) -> dict[str, Any]:
         self.trial_id, self.trainer = trial_id, None  # drop the previous trial's trainer (and its DDP wrapper)
         self.impl.begin(epoch, new_trial=True)
         ctx = DistributedContext(trial_id=trial_id, rank=self.rank, world_size=self.world_size,
@@ -89,7 +90,8 @@ class Worker:
                                  impl=self.impl)
         self.trainer = start(self.trainer_cls(), config, ctx)
         if state is not None:
-            self.trainer.load_state_dict(unpack(state))
+            load = self.trainer.inherit_state if inherit else self.trainer.load_state_dict
+            load(unpack(state))
             self.impl.on_load()
         return self.step()
 
@@ -211,7 +213,8 @@ class Gang:
         ray.get([a.attach.remote(self.servers) for a in self.actors])
         self.created["servers"] += len(self.servers)
 
-    def launch(self, trial_id: int, config: Config, seed: int, state: Any = None) -> list[ray.ObjectRef]:
+    def launch(self, trial_id: int, config: Config, seed: int, state: Any = None,
+               inherit: bool = False) -> list[ray.ObjectRef]:
         """Set trial `trial_id` up on every rank and run its first step; a ready gang builds nothing new.
         A multi-worker gang is made ready first (its ranks must meet); a one-worker gang is not waited for."""
         if self.workers > 1:
@@ -219,7 +222,7 @@ class Gang:
         self.last_setup_s = self.startup_s if self.launches == 0 else 0.0  # only a gang's first trial pays it
         self.launches += 1
         self._epoch += 1
-        return [a.launch.remote(trial_id, config, seed, state, self._epoch) for a in self.actors]
+        return [a.launch.remote(trial_id, config, seed, state, self._epoch, inherit) for a in self.actors]
 
     def step(self, snapshot: bool = False) -> list[ray.ObjectRef]:
         return [a.step.remote(snapshot) for a in self.actors]

@@ -26,6 +26,7 @@ class Executor(ABC):
     """Runs trials of one trainer class; `concurrency` trials at once; reports steps as they finish."""
 
     concurrency: int
+    kept: dict[int, Any]  # trial id -> final state handle (see `stop`)
 
     @abstractmethod
     def open(self, trainer: type, experiment: str) -> None:
@@ -40,8 +41,9 @@ class Executor(ABC):
         """Seconds since `open`, on this executor's clock (wall or simulated)."""
 
     @abstractmethod
-    def launch(self, trial_id: int, config: Config, seed: int, state: Any = None) -> None:
-        """Set the trial up (loading `state` when given) and start its first step."""
+    def launch(self, trial_id: int, config: Config, seed: int, state: Any = None, inherit: bool = False) -> None:
+        """Set the trial up and start its first step. `state` (a handle from `exploit` or `kept_state`) is loaded
+        whole, or with `inherit` passed to `Trainer.inherit_state` (a parent's state that may not fit)."""
 
     @abstractmethod
     def step(self, trial_id: int, snapshot: bool = False) -> None:
@@ -55,8 +57,17 @@ class Executor(ABC):
         Returns a handle to the donor state it loaded: a retry of the trial restarts from it."""
 
     @abstractmethod
-    def stop(self, trial_id: int) -> None:
-        """End the trial and free what it held."""
+    def stop(self, trial_id: int, keep_state: bool = False) -> None:
+        """End the trial and free what it held; with `keep_state`, keep a handle to its final state first."""
+
+    def kept_state(self, trial_id: int) -> Any:
+        """The final state kept by `stop(trial_id, keep_state=True)`, or None."""
+        return self.kept.get(trial_id)
+
+    def drop_states(self, keep: set[int]) -> None:
+        """Let go of every kept state but those of `keep`."""
+        for trial_id in [t for t in self.kept if t not in keep]:
+            del self.kept[trial_id]
 
     @abstractmethod
     def wait(self) -> list[StepEvent]:

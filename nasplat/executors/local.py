@@ -24,6 +24,7 @@ class LocalExecutor(Executor):
             raise ValueError(f"`concurrency` must be an integer >= 1, got {concurrency=!r}")
         self.concurrency = concurrency
         self.trainers: dict[int, Trainer] = {}
+        self.kept: dict[int, Any] = {}
         self.queue: deque[int] = deque()
         self.failed_setup: dict[int, str] = {}
         self.node, self.pid = socket.gethostname(), os.getpid()
@@ -35,11 +36,12 @@ class LocalExecutor(Executor):
     def now(self) -> float:
         return time.perf_counter() - self.t0
 
-    def launch(self, trial_id: int, config: Config, seed: int, state: Any = None) -> None:
+    def launch(self, trial_id: int, config: Config, seed: int, state: Any = None, inherit: bool = False) -> None:
         try:
             trainer = start(self.trainer_cls(), config, WorkerContext(trial_id=trial_id, seed=seed))
             if state is not None:
-                trainer.load_state_dict(copy.deepcopy(state))
+                load = trainer.inherit_state if inherit else trainer.load_state_dict
+                load(copy.deepcopy(state))
             self.trainers[trial_id] = trainer
         except Exception:
             self.failed_setup[trial_id] = traceback.format_exc()
@@ -60,8 +62,10 @@ class LocalExecutor(Executor):
         self.step(trial_id)
         return state
 
-    def stop(self, trial_id: int) -> None:
-        self.trainers.pop(trial_id, None)
+    def stop(self, trial_id: int, keep_state: bool = False) -> None:
+        trainer = self.trainers.pop(trial_id, None)
+        if keep_state and trainer is not None:
+            self.kept[trial_id] = copy.deepcopy(trainer.state_dict())
 
     def run_step(self, trial_id: int) -> StepEvent:
         begin = self.now()

@@ -63,6 +63,7 @@ class RayExecutor(Executor):
             self.gang_options["backend_options"] = dict(backend_options)
         self.address, self.init_options = address, dict(init_options or {})
         self.idle: list[_Slot] = []
+        self.kept: dict[int, Any] = {}
         self.busy: dict[int, _Slot] = {}
         self.inflight: dict[ray.ObjectRef, _Step] = {}
         self.gangs_started = 0
@@ -94,7 +95,7 @@ class RayExecutor(Executor):
     def close(self) -> None:
         for slot in self.idle + list(self.busy.values()):
             slot.gang.kill()
-        self.idle, self.busy, self.inflight = [], {}, {}
+        self.idle, self.busy, self.inflight, self.kept = [], {}, {}, {}
 
     def _slot(self) -> _Slot:
         return self.idle.pop() if self.idle else self._new_slot()
@@ -106,12 +107,12 @@ class RayExecutor(Executor):
         return _Slot(gang, info=gang.actors[0].info.remote())
 
     # -- trials ------------------------------------------------------------------------------------
-    def launch(self, trial_id: int, config: Config, seed: int, state: Any = None) -> None:
+    def launch(self, trial_id: int, config: Config, seed: int, state: Any = None, inherit: bool = False) -> None:
         slot = self._slot()
         slot.trials.append(trial_id)
         slot.snapshot = None
         self.busy[trial_id] = slot
-        self._track(trial_id, slot.gang.launch(trial_id, config, seed, state))
+        self._track(trial_id, slot.gang.launch(trial_id, config, seed, state, inherit))
 
     def step(self, trial_id: int, snapshot: bool = False) -> None:
         self._track(trial_id, self.busy[trial_id].gang.step(snapshot))
@@ -123,10 +124,12 @@ class RayExecutor(Executor):
         self._track(trial_id, receiver.gang.exploit(state, config))
         return state
 
-    def stop(self, trial_id: int) -> None:
+    def stop(self, trial_id: int, keep_state: bool = False) -> None:
         slot = self.busy.pop(trial_id, None)
         if slot is None:
             return
+        if keep_state and slot.healthy:  # queued before the gang's next trial, so it reads this trial's state
+            self.kept[trial_id] = slot.gang.state()
         if slot.healthy:
             self.idle.append(slot)
         else:
