@@ -208,7 +208,8 @@ class Engine:
         }
         for key, value in metrics.items():
             row[f"metric.{key}" if key in RESERVED else key] = value
-        record.status = status if status != "running" else record.status  # listeners count the trial as ended
+        if status != "running":
+            record.status = status  # before the listeners see the row: they count the trial as ended
         self.store.append(row)
         value = row.get(self.controller.metric)
         if status != "failed" and isinstance(value, (int, float)) and math.isfinite(value) and (
