@@ -73,7 +73,7 @@ class Trainer(ABC):
         them, since the loaded optimizer state would restore the old ones. Override to change only what differs."""
         state = self.state_dict()
         start(self, config, self.ctx)
-        fresh = [(optimizer, _hyperparameters(optimizer)) for optimizer in _optimizers(self)]
+        fresh = [(optimizer, [hyperparameters(g) for g in optimizer.param_groups]) for optimizer in _optimizers(self)]
         self.load_state_dict(state)
         for optimizer, groups in fresh:
             for group, values in zip(optimizer.param_groups, groups):
@@ -85,8 +85,9 @@ def _optimizers(trainer: Trainer) -> list[Any]:
     return [value for value in vars(trainer).values() if isinstance(getattr(value, "param_groups", None), list)]
 
 
-def _hyperparameters(optimizer: Any) -> list[dict[str, Any]]:
-    return [{key: value for key, value in group.items() if key != "params"} for group in optimizer.param_groups]
+def hyperparameters(group: dict[str, Any]) -> dict[str, Any]:
+    """An optimizer param group's hyperparameters: everything but its `params`."""
+    return {key: value for key, value in group.items() if key != "params"}
 
 
 def start(trainer: Trainer, config: Config, ctx: WorkerContext) -> Trainer:

@@ -19,6 +19,7 @@ from ray.exceptions import GetTimeoutError, RayActorError
 
 from nasplat.distributed.context import Backend
 from nasplat.distributed.parameter_server import Generation, shard_parameters
+from nasplat.trainer import hyperparameters
 
 
 class AsyncOptimizer(torch.optim.Optimizer):
@@ -58,10 +59,6 @@ class AsyncOptimizer(torch.optim.Optimizer):
         self.pending = {position[key]: {name: value.detach().cpu() if torch.is_tensor(value) else value
                                         for name, value in entry.items()}
                         for key, entry in state_dict["state"].items()}
-
-
-def hyperparameters(group: dict[str, Any]) -> dict[str, Any]:
-    return {key: value for key, value in group.items() if key != "params"}
 
 
 class AsyncBackend(Backend):

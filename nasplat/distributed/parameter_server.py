@@ -14,11 +14,14 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
+from pathlib import Path
 from typing import Any
 
 import cloudpickle
 import numpy as np
 import torch
+
+from nasplat.results import write_atomic
 
 Generation = tuple[int, int]  # (gang epoch: one per launch/exploit, re-initialisation within it)
 
@@ -158,9 +161,8 @@ class ParameterServer:
         snapshot = {"spec": self.spec, "weights": self.weights(), "optimizer": self.optimizer.state_dict(),
                     "clocks": list(self.clocks), "updates": self.updates}
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
-        with open(self.path + ".tmp", "wb") as file:  # cloudpickle: the optimizer class may be the user's own
-            cloudpickle.dump(snapshot, file)
-        os.replace(self.path + ".tmp", self.path)
+        # cloudpickle: the optimizer class may be the user's own
+        write_atomic(Path(self.path), cloudpickle.dumps(snapshot))
 
     def close(self) -> None:
         """Remove the snapshot (the gang is going away)."""

@@ -6,7 +6,7 @@ import os
 import sys
 import time
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import ray
@@ -31,7 +31,6 @@ class _Slot:
     node: str = ""
     pid: int = 0
     healthy: bool = True
-    trials: list[int] = field(default_factory=list)
     snapshot: ray.ObjectRef | None = None  # the running trial's latest state snapshot
 
 
@@ -67,7 +66,6 @@ class RayExecutor(Executor):
         self.busy: dict[int, _Slot] = {}
         self.inflight: dict[ray.ObjectRef, _Step] = {}
         self.gangs_started = 0
-        self.setup_s: list[float] = []
 
     # -- lifecycle ---------------------------------------------------------------------------------
     def open(self, trainer: type, experiment: str) -> None:
@@ -109,7 +107,6 @@ class RayExecutor(Executor):
     # -- trials ------------------------------------------------------------------------------------
     def launch(self, trial_id: int, config: Config, seed: int, state: Any = None, inherit: bool = False) -> None:
         slot = self._slot()
-        slot.trials.append(trial_id)
         slot.snapshot = None
         self.busy[trial_id] = slot
         self._track(trial_id, slot.gang.launch(trial_id, config, seed, state, inherit))
@@ -172,10 +169,6 @@ class RayExecutor(Executor):
             slot.info = None
         node, pid = (slot.node, slot.pid) if slot is not None else ("", 0)
         return StepEvent(step.trial_id, metrics, error, step.start, self.now(), node, pid)
-
-    def pids(self, trial_id: int) -> list[int]:
-        """The worker pids of the gang running `trial_id` (for tests and the dashboard)."""
-        return [pid for _, pid in ray.get([a.info.remote() for a in self.busy[trial_id].gang.actors])]
 
 
 def _ship_by_value(trainer: type) -> None:
