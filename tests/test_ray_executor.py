@@ -107,13 +107,17 @@ def test_pbt_exploit_keeps_the_process_and_applies_the_new_learning_rate(ray_ses
     result = nasplat.run(trainer=LinearRegression, controller=controller, executor="ray", concurrency=2,
                          max_trials=2, max_steps=12)
     frame = result.dataframe().sort_values(["trial_id", "step"])
-    exploits = frame[frame.donor_id.notna()]
-    assert len(exploits) >= 1 and (exploits.trial_id == 0).all() and (exploits.donor_id == 1).all()
-    for _, row in exploits.iterrows():
+    exploits = frame[frame.donor_id.notna()].sort_values("step", kind="stable")
+    assert len(exploits) >= 1 and (exploits.trial_id != exploits.donor_id).all()
+    assert (exploits.trial_id.iloc[0], exploits.donor_id.iloc[0]) == (0, 1)  # the lr=1e-4 member copies first
+    for position, (_, row) in enumerate(exploits.iterrows()):
         after = frame[(frame.trial_id == row.trial_id) & (frame.step == row.step + 1)].iloc[0]
         assert after.pid == row.pid  # same actor process, no restart
-        assert after.lr == pytest.approx(after.config["lr"]) and after.lr != pytest.approx(row.lr)
-        assert after.neg_loss > row.neg_loss  # it continues from the donor's much better weights
+        assert after.lr == pytest.approx(after.config["lr"])  # the new config is in effect
+        if position == 0:  # lr 1e-4 has barely moved: it continues with a new lr from the donor's much better
+            # weights. Later exploits compare two trained members, whose perturbed lrs may coincide, and a
+            # donor's latest snapshot may be a few steps old.
+            assert after.lr > 10 * row.lr and after.neg_loss > row.neg_loss
     assert frame.groupby("trial_id").pid.nunique().max() == 1
 
 
