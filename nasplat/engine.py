@@ -176,7 +176,7 @@ class Engine:
             record.config = decision.config
             record.restart = (self.executor.exploit(record.trial_id, decision.donor_id, decision.config), record.step)
         else:
-            self.executor.step(record.trial_id, snapshot=self.controller.snapshot_due(record.trial_id, record.step + 1))
+            self.executor.step(record.trial_id, snapshot=self.controller.snapshot_due(record.trial_id, record.step))
 
     def _fail(self, record: TrialRecord, event: StepEvent, error: str, *, retry: bool) -> None:
         if retry and record.attempt < self.max_failures:

@@ -40,7 +40,9 @@ class Trainer(ABC):
     """One trial's training loop, driven step by step by the engine.
 
     `setup` builds the model from `config`; `step` trains a unit (an epoch, some batches, one evaluation)
-    and returns metrics; `state_dict`/`load_state_dict` move the state (PBT exploit, retries).
+    and returns metrics; `state_dict`/`load_state_dict` move the state (PBT exploit, retries). On Ray, an exploit
+    copies the donor's tensors into the ones `state_dict` returns (where shape and dtype match) before it calls
+    `load_state_dict`, so returning the live tensors, as `Module.state_dict` does, saves a copy.
     """
 
     config: Config

@@ -371,6 +371,21 @@ def test_packed_states_round_trip_tensors_and_leave_everything_else_alone():
     back["model"]["weight"] += 1  # and may write to it
 
 
+def test_unpack_overwrites_the_receivers_matching_tensors_and_never_the_object_store(ray_session):
+    donor, receiver = torch.nn.Linear(3, 2), torch.nn.Linear(3, 2)
+    stored = ray.put(pack({"model": donor.state_dict(), "extra": torch.ones(4), "twice": torch.zeros(2)}))
+    mine = receiver.state_dict()
+    into = {"model": mine, "extra": torch.zeros(5), "twice": mine["bias"]}  # wrong shape; an alias of model.bias
+    back = unpack(ray.get(stored), into=into)
+    assert back["model"]["weight"].data_ptr() == mine["weight"].data_ptr()  # reused: no fresh memory
+    assert max_diff(back["model"], donor.state_dict()) == 0.0
+    assert back["extra"].data_ptr() != into["extra"].data_ptr() and back["extra"].shape == (4,)
+    assert back["twice"].data_ptr() != mine["bias"].data_ptr()  # a tensor is overwritten once at most
+    assert torch.equal(back["model"]["bias"], donor.bias.detach()) and torch.equal(back["twice"], torch.zeros(2))
+    back["model"]["weight"] += 1
+    assert max_diff(unpack(ray.get(stored))["model"], donor.state_dict()) == 0.0  # the stored copy is untouched
+
+
 def test_a_worker_whose_constructor_failed_still_has_a_name():
     """Ray names an actor by its repr, also in the error of a constructor that raised half-way."""
     assert repr(Worker.__new__(Worker)) == "?/trial-?/rank-?"

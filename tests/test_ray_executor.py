@@ -153,9 +153,9 @@ def test_exploit_copies_the_donors_snapshot_without_waiting_for_its_running_step
 
         executor.launch(0, {"slow": True}, seed=0)
         assert next_metrics() == (0, {"t": 1})
-        executor.step(0, snapshot=True)  # the state after step 2 is kept
+        executor.step(0)
         assert next_metrics() == (0, {"t": 2})
-        executor.step(0)  # the 3 s step
+        executor.step(0, snapshot=True)  # the state after step 2 is kept, then the 3 s step runs
         executor.launch(1, {"slow": False}, seed=1)
         assert next_metrics() == (1, {"t": 1})
         began = time.monotonic()

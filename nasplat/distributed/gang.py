@@ -29,7 +29,6 @@ from nasplat.space import Config
 from nasplat.trainer import Trainer, start
 
 STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
-SNAPSHOT = "__nasplat_snapshot__"  # the key of a step's state snapshot in rank 0's metrics
 
 
 class Worker:
@@ -90,28 +89,30 @@ class Worker:
                                  impl=self.impl)
         self.trainer = start(self.trainer_cls(), config, ctx)
         if state is not None:
-            load = self.trainer.inherit_state if inherit else self.trainer.load_state_dict
-            load(unpack(state))
+            if inherit:
+                self.trainer.inherit_state(unpack(state))
+            else:
+                self._load(state)
             self.impl.on_load()
         return self.step()
 
-    def step(self, snapshot: bool = False) -> dict[str, Any]:
-        """One trainer step; with `snapshot`, rank 0 also puts its packed state in the object store and returns
-        the reference under `SNAPSHOT` (an exploit copies it without waiting for this rank's next step)."""
+    def step(self) -> dict[str, Any]:
         metrics = dict(self.trainer.step())
         metrics.update(self.impl.end_step())  # every rank takes part; rank 0's copy speaks for the trial
-        if snapshot and self.rank == 0:
-            metrics[SNAPSHOT] = ray.put(pack(self.trainer.state_dict()))
         return metrics
 
     def exploit(self, state: dict[str, Any], config: Config, epoch: int = 0) -> dict[str, Any]:
         """Load the donor's state on this rank, put `config` in effect, step; the actor and its group stay."""
         self.impl.begin(epoch, new_trial=False)
-        self.trainer.load_state_dict(unpack(state))
+        self._load(state)
         self.trainer.config = config
         self.trainer.update_config(config)
         self.impl.on_load()
         return self.step()
+
+    def _load(self, state: Any) -> None:
+        """Load a packed state, copying its tensors straight into the trainer's current ones where they match."""
+        self.trainer.load_state_dict(unpack(state, into=self.trainer.state_dict()))
 
     def state(self) -> Any:
         """The trainer's state, packed for the object store (see `nasplat.distributed.packing`)."""
@@ -224,8 +225,8 @@ class Gang:
         self._epoch += 1
         return [a.launch.remote(trial_id, config, seed, state, self._epoch, inherit) for a in self.actors]
 
-    def step(self, snapshot: bool = False) -> list[ray.ObjectRef]:
-        return [a.step.remote(snapshot) for a in self.actors]
+    def step(self) -> list[ray.ObjectRef]:
+        return [a.step.remote() for a in self.actors]
 
     def exploit(self, state: Any, config: Config) -> list[ray.ObjectRef]:
         """Load `state` (a state dict or an ObjectRef to one) on every rank, put `config` in effect, step."""

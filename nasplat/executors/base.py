@@ -47,7 +47,7 @@ class Executor(ABC):
 
     @abstractmethod
     def step(self, trial_id: int, snapshot: bool = False) -> None:
-        """Start the trial's next step; with `snapshot`, keep a copy of the state after it for `exploit`."""
+        """Start the trial's next step; with `snapshot`, first keep a copy of its current state for `exploit`."""
 
     @abstractmethod
     def exploit(self, trial_id: int, donor_id: int, config: Config) -> Any:

@@ -12,7 +12,7 @@ from typing import Any
 import ray
 import ray.cloudpickle
 
-from nasplat.distributed.gang import SNAPSHOT, Gang
+from nasplat.distributed.gang import Gang
 from nasplat.executors.base import Executor, StepEvent
 from nasplat.space import Config
 
@@ -112,7 +112,10 @@ class RayExecutor(Executor):
         self._track(trial_id, slot.gang.launch(trial_id, config, seed, state, inherit))
 
     def step(self, trial_id: int, snapshot: bool = False) -> None:
-        self._track(trial_id, self.busy[trial_id].gang.step(snapshot))
+        slot = self.busy[trial_id]
+        if snapshot:  # rank 0 puts its state in the object store before it steps on; the driver holds the reference
+            slot.snapshot = slot.gang.state()
+        self._track(trial_id, slot.gang.step())
 
     def exploit(self, trial_id: int, donor_id: int, config: Config) -> Any:
         donor, receiver = self.busy[donor_id], self.busy[trial_id]
@@ -154,9 +157,6 @@ class RayExecutor(Executor):
         metrics, error = None, None
         try:
             metrics = ray.get(step.refs)[0]
-            snapshot = metrics.pop(SNAPSHOT, None)
-            if snapshot is not None and slot is not None:
-                slot.snapshot = snapshot
         except Exception as exc:  # the trainer raised, or an actor/node died
             error = "".join(traceback.format_exception_only(type(exc), exc)).strip()
             if slot is not None:
