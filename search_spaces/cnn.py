@@ -145,8 +145,3 @@ def build_model(config: Mapping[str, Any], in_channels: int, num_classes: int, i
         channels = int(layer["channels"])
         size = [s // 2 for s in size] if pool else size
     return CNN(blocks, channels * math.prod(size), int(head), num_classes)
-
-
-def count_parameters(model: nn.Module) -> int:
-    """Trainable parameters of `model`."""
-    return sum(p.numel() for p in model.parameters() if p.requires_grad)
