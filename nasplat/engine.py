@@ -73,7 +73,9 @@ class Engine:
         self.best_row: dict[str, Any] | None = None
         self._last_checkpoint = self._last_progress = 0.0
         self._ended_since_checkpoint = False  # a trial ended: its rows must be covered by the next checkpoint
-        self.listeners: list[Any] = []  # objects with on_row(engine, row); e.g. dashboard metrics
+        # objects with on_row(engine, row), and optionally on_start(engine) / on_end(engine): dashboard metrics,
+        # TensorBoard, MLflow
+        self.listeners: list[Any] = []
 
     # -- the loop --------------------------------------------------------------------------------
     def run(self) -> ExperimentResult:
@@ -88,6 +90,7 @@ class Engine:
         if self.progress and self.storage is not None:
             print(f"[nasplat {self.name}] results in {self.storage} · live view: nasplat serve {self.storage}",
                   file=sys.stderr, flush=True)
+        self._notify("on_start")
         try:
             for record in self.running():
                 self._launch(record, fresh=True)
@@ -103,7 +106,15 @@ class Engine:
             self._print_progress(final=True)
             self.store.close()
             self.executor.close()
+            self._notify("on_end")
         return self.result()
+
+    def _notify(self, hook: str) -> None:
+        """Call `hook(engine)` on every listener that has it."""
+        for listener in self.listeners:
+            method = getattr(listener, hook, None)
+            if method is not None:
+                method(self)
 
     def now(self) -> float:
         return self.clock_offset + self.executor.now()
