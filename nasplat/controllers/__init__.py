@@ -4,6 +4,7 @@ from nasplat.controllers.base import (
     CONTINUE, STOP, Continue, Controller, Decision, Exploit, Result, Stop, TrialSpec,
 )
 from nasplat.controllers.evolution import RegularizedEvolution
+from nasplat.controllers.mo_evolution import MultiObjectiveEvolution
 from nasplat.controllers.optuna_sampler import OptunaSampler
 from nasplat.controllers.pbt import PopulationBasedTraining
 from nasplat.controllers.random_search import RandomSearch
@@ -12,12 +13,13 @@ from nasplat.controllers.reinforce import Reinforce
 CONTROLLERS: dict[str, type[Controller]] = {
     "random": RandomSearch,
     "evolution": RegularizedEvolution,
+    "mo_evolution": MultiObjectiveEvolution,
     "pbt": PopulationBasedTraining,
     "reinforce": Reinforce,
     "optuna": OptunaSampler,
 }
 
 __all__ = [
-    "CONTINUE", "CONTROLLERS", "STOP", "Continue", "Controller", "Decision", "Exploit", "OptunaSampler",
-    "PopulationBasedTraining", "RandomSearch", "RegularizedEvolution", "Reinforce", "Result", "Stop", "TrialSpec",
+    "CONTINUE", "CONTROLLERS", "STOP", "Continue", "Controller", "Decision", "Exploit", "MultiObjectiveEvolution",
+    "OptunaSampler", "PopulationBasedTraining", "RandomSearch", "RegularizedEvolution", "Reinforce", "Result", "Stop", "TrialSpec",
 ]
