@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import cloudpickle
 
@@ -20,8 +20,9 @@ from nasplat.trainer import resolve
 EXECUTORS = ("local", "simulated", "ray")
 
 
-def make_controller(controller: str | type | Controller, space: Any, *, metric: str | None, mode: str, seed: int,
-                    options: Mapping[str, Any] | None = None) -> Controller:
+def make_controller(controller: str | type | Controller, space: Any, *, metric: str | Sequence[str] | None,
+                    mode: str | Sequence[str], seed: int, options: Mapping[str, Any] | None = None,
+                    constraints: Any = None) -> Controller:
     """A controller from an instance, a class, or a name in `CONTROLLERS` plus keyword options."""
     if isinstance(controller, Controller):
         if options:
@@ -34,8 +35,9 @@ def make_controller(controller: str | type | Controller, space: Any, *, metric: 
     if space is None or metric is None:
         raise ValueError(f"`space` and `metric` are needed to build a controller, got space={space!r}, {metric=!r}")
     space = resolve(space, what="space")
+    extra = {"constraints": constraints} if constraints is not None else {}
     return controller(space if isinstance(space, Space) else Space(space), metric=metric, mode=mode, seed=seed,
-                      **dict(options or {}))
+                      **extra, **dict(options or {}))
 
 
 def make_executor(executor: str | Executor, *, concurrency: int | None, **options: Any) -> Executor:
@@ -53,7 +55,8 @@ def make_executor(executor: str | Executor, *, concurrency: int | None, **option
 
 
 def run(*, trainer: type | str, controller: str | type | Controller = "random", space: Any = None,
-        metric: str | None = None, mode: Literal["max", "min"] = "max", executor: str | Executor = "local",
+        metric: str | Sequence[str] | None = None, mode: str | Sequence[str] = "max", constraints: Any = None,
+        executor: str | Executor = "local",
         concurrency: int | None = None, max_trials: int | None = None, time_budget_s: float | None = None,
         max_steps: int = 1,
         max_failures: int = 0, seed: int = 0, name: str | None = None,
@@ -64,7 +67,8 @@ def run(*, trainer: type | str, controller: str | type | Controller = "random", 
 
     `concurrency` trials run at once (default: 1 in process, as many as the Ray cluster's CPUs hold on
     `ray`). Each trial runs up to `max_steps` steps of `trainer`; the search asks for new trials until `max_trials`
-    trials were started and/or `time_budget_s` seconds passed on the executor's clock. With `storage`,
+    trials were started and/or `time_budget_s` seconds passed on the executor's clock. Several objectives:
+    `metric=[...]`, `mode=[...]` (one each) and `constraints=["params <= 1.0", ...]`. With `storage`,
     every step is appended to `<storage>/<name>/results.jsonl` and the state is checkpointed so that
     `nasplat.resume(folder)` can finish a killed run. Each of `callbacks` has `on_row(engine, row)` called
     with every recorded row.
@@ -72,7 +76,8 @@ def run(*, trainer: type | str, controller: str | type | Controller = "random", 
     trainer_cls = resolve(trainer, what="trainer")
     if not isinstance(trainer_cls, type):
         raise TypeError(f"`trainer` must be a Trainer class (or its dotted path), got {trainer_cls!r}")
-    ctrl = make_controller(controller, space, metric=metric, mode=mode, seed=seed, options=controller_options)
+    ctrl = make_controller(controller, space, metric=metric, mode=mode, seed=seed, options=controller_options,
+                           constraints=constraints)
     name = name or f"{type(ctrl).__name__.lower()}-{time.strftime('%Y%m%d-%H%M%S')}"
     settings = dict(trainer=trainer_cls, controller=ctrl, executor=executor, concurrency=concurrency,
                     budget=Budget(max_trials, time_budget_s, max_steps), max_failures=max_failures,
@@ -87,9 +92,12 @@ def run(*, trainer: type | str, controller: str | type | Controller = "random", 
                                   "or choose another `name`")
         folder.mkdir(parents=True, exist_ok=True)
         write_atomic(folder / SPEC_FILE, cloudpickle.dumps(settings))
-        write_meta(folder, name=name, metric=ctrl.metric, mode=ctrl.mode, controller=type(ctrl).__name__,
-                   executor=executor if isinstance(executor, str) else type(executor).__name__)
-    return _engine(settings, folder).run()
+        several = len(ctrl.metrics) > 1
+        write_meta(folder, name=name, metric=list(ctrl.metrics) if several else ctrl.metric,
+                   mode=list(ctrl.modes) if several else ctrl.mode, controller=type(ctrl).__name__,
+                   executor=executor if isinstance(executor, str) else type(executor).__name__,
+                   **({"constraints": [str(c) for c in ctrl.constraints]} if ctrl.constraints else {}))
+    return _run(_engine(settings, folder))
 
 
 def resume(folder: str | Path, *, progress: bool | None = None) -> ExperimentResult:
@@ -103,7 +111,15 @@ def resume(folder: str | Path, *, progress: bool | None = None) -> ExperimentRes
     engine = _engine(settings, folder)
     if (folder / STATE_FILE).exists():
         engine.load_state_dict(load_pickle(folder / STATE_FILE))
-    return engine.run()
+    return _run(engine)
+
+
+def _run(engine: Engine) -> ExperimentResult:
+    """`engine.run()`, its result told every objective and constraint of the controller."""
+    result = engine.run()
+    controller = engine.controller
+    result.metrics, result.modes, result.constraints = controller.metrics, controller.modes, controller.constraints
+    return result
 
 
 def _engine(settings: dict[str, Any], folder: Path | None) -> Engine:

@@ -219,3 +219,41 @@ def _volume(gains: np.ndarray) -> float:
             above = g[:i + 1, :-1]
             total += depth * _volume(above[non_dominated_mask(above)])
     return total
+
+
+# -- experiment rows ------------------------------------------------------------------------------------------
+def trial_rows(rows: Sequence[Mapping[str, Any]], metrics: Sequence[str]) -> list[Mapping[str, Any]]:
+    """Each trial's latest row that did not fail and holds a finite value for every one of `metrics`."""
+    latest: dict[Any, Mapping[str, Any]] = {}
+    for row in rows:
+        if row.get("status") != "failed" and all(finite(row.get(m)) is not None for m in metrics):
+            latest[row["trial_id"]] = row
+    return list(latest.values())
+
+
+def front_rows(rows: Sequence[Mapping[str, Any]], metrics: Sequence[str], modes: Sequence[str],
+               constraints: Sequence[Constraint] = ()) -> list[Mapping[str, Any]]:
+    """The Pareto front of the trials' latest rows (`trial_rows`), best first by the first metric: the
+    non-dominated feasible rows when any row is feasible; otherwise the non-dominated rows among those that
+    violate the constraints least."""
+    candidates = trial_rows(rows, metrics)
+    if not candidates:
+        return []
+    violations = np.array([total_violation(constraints, row) for row in candidates])
+    keep = np.flatnonzero(violations == violations.min())
+    points = np.array([[float(candidates[i][m]) for m in metrics] for i in keep]) * signs(modes)
+    front = keep[non_dominated_mask(points)]
+    best_first = sorted(front, key=lambda i: (-float(candidates[i][metrics[0]]) * signs(modes)[0],
+                                              str(candidates[i]["trial_id"])))
+    return [candidates[i] for i in best_first]
+
+
+def rows_hypervolume(rows: Sequence[Mapping[str, Any]], metrics: Sequence[str], modes: Sequence[str],
+                     reference: Sequence[float], constraints: Sequence[Constraint] = ()) -> float:
+    """The hypervolume, in metric units, that the feasible rows among `rows` dominate up to `reference` (one
+    value per metric, worse than the front in every metric: below it for `max`, above it for `min`)."""
+    feasible = [r for r in trial_rows(rows, metrics) if total_violation(constraints, r) == 0]
+    if len(reference) != len(metrics):
+        raise ValueError(f"reference_point needs one value per metric {list(metrics)}, got {reference!r}")
+    points = np.array([[float(r[m]) for m in metrics] for r in feasible]).reshape(-1, len(metrics))
+    return hypervolume(points * signs(modes), np.asarray(reference, dtype=float) * signs(modes))

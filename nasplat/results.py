@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from nasplat import pareto
+
 if TYPE_CHECKING:
     import pandas as pd
 
@@ -93,6 +95,14 @@ class ExperimentResult:
     mode: Literal["max", "min"] = "max"
     path: Path | None = None
     trials: dict[int, Any] = field(default_factory=dict)
+    metrics: tuple[str, ...] = ()  # every objective, `metric` first (default: `metric` alone)
+    modes: tuple[str, ...] = ()  # one per objective (default: `mode`)
+    constraints: tuple[pareto.Constraint, ...] = ()
+
+    def __post_init__(self) -> None:
+        self.metrics = tuple(self.metrics) or ((self.metric,) if self.metric else ())
+        self.modes = tuple(self.modes) or (self.mode,) * len(self.metrics)
+        self.constraints = pareto.parse_constraints(self.constraints)
 
     @classmethod
     def load(cls, folder: str | Path) -> ExperimentResult:
@@ -101,7 +111,20 @@ class ExperimentResult:
         if not (folder / ROWS_FILE).exists():
             raise FileNotFoundError(f"{folder} is not an experiment folder: no {ROWS_FILE} in it")
         meta = json.loads((folder / "meta.json").read_text()) if (folder / "meta.json").exists() else {}
-        return cls(read_rows(folder / ROWS_FILE), meta.get("metric", ""), meta.get("mode", "max"), folder)
+        metrics, modes = meta.get("metric", ""), meta.get("mode", "max")  # lists for several objectives
+        metrics, modes = (metrics, modes) if isinstance(metrics, list) else ([metrics] if metrics else [], [modes])
+        return cls(read_rows(folder / ROWS_FILE), metrics[0] if metrics else "", modes[0], folder,
+                   metrics=tuple(metrics), modes=tuple(modes), constraints=meta.get("constraints"))
+
+    def pareto_front(self) -> list[dict[str, Any]]:
+        """Each trial's latest successful row on the Pareto front of `metrics`, best first by `metric`: the
+        non-dominated rows that satisfy every constraint, or if none does, those that break them least."""
+        return pareto.front_rows(self.rows, self.metrics, self.modes, self.constraints)
+
+    def hypervolume(self, reference_point: list[float]) -> float:
+        """The hypervolume that the feasible trials dominate, in metric units, up to `reference_point` (one
+        value per metric, worse than every front member: below it for `max`, above it for `min`)."""
+        return pareto.rows_hypervolume(self.rows, self.metrics, self.modes, reference_point, self.constraints)
 
     def dataframe(self) -> pd.DataFrame:
         """One row per trial step: trial id, step, status, config, metrics, parent/donor id, times, node, pid."""
