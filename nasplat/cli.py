@@ -27,6 +27,23 @@ def _print_summary(result: ExperimentResult, top: int = 10) -> None:
         print(pd.DataFrame(rows).to_string(index=False))
 
 
+def _print_front(result: ExperimentResult) -> None:
+    """Trial counts and the Pareto front of an experiment with several objectives or constraints."""
+    counts = result.counts()
+    print(f"trials: {sum(counts.values())} ({', '.join(f'{n} {s}' for s, n in sorted(counts.items()))})")
+    front = result.pareto_front()
+    bounds = f" under {', '.join(str(c) for c in result.constraints)}" if result.constraints else ""
+    print(f"Pareto front{bounds}: {len(front)} trials")
+    if not front:
+        return
+    import pandas as pd
+
+    rows = [{"trial": r["trial_id"], **{m: r[m] for m in result.metrics}, "config": str(r["config"])[:80]}
+            for r in front]
+    with pd.option_context("display.max_colwidth", 80, "display.width", 160):
+        print(pd.DataFrame(rows).to_string(index=False))
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     kwargs = load_experiment(args.experiment, executor=args.executor, storage=args.storage, name=args.name)
     if args.address:
@@ -49,8 +66,12 @@ def cmd_resume(args: argparse.Namespace) -> int:
 
 def cmd_status(args: argparse.Namespace) -> int:
     result = ExperimentResult.load(args.folder)
-    print(f"experiment {Path(args.folder).name}: metric {result.metric} ({result.mode})")
-    _print_summary(result, top=args.top)
+    objectives = ", ".join(f"{m} ({d})" for m, d in zip(result.metrics, result.modes))
+    print(f"experiment {Path(args.folder).name}: metric {objectives}")
+    if len(result.metrics) > 1 or result.constraints:
+        _print_front(result)
+    else:
+        _print_summary(result, top=args.top)
     return 0
 
 

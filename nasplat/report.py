@@ -18,13 +18,15 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from nasplat import pareto
 from nasplat import report_plots as plots
 from nasplat.results import RESERVED, ROWS_FILE, ExperimentResult, write_atomic
 
 REPORT_FILE = "report.html"
 TOP_K = 10
 MAX_TABLE_ROWS = 2000
-SECTIONS = {"summary": "Summary", "best-so-far": "Best so far", "learning-curves": "Learning curves",
+SECTIONS = {"summary": "Summary", "best-so-far": "Best so far", "pareto": "Pareto front",
+            "learning-curves": "Learning curves",
             "pbt": "PBT schedules and exploits", "lineage": "Evolution lineage", "top": f"Top {TOP_K} trials"}
 
 
@@ -270,6 +272,32 @@ def top_section(exp: Experiment) -> str:
                                                 "each at its best step, with its full config.")
 
 
+def pareto_section(exp: Experiment, curve_points: int = 200) -> str:
+    """Several objectives: every trial against the first two, the front, and its hypervolume over time and trials
+    (reference: the worst value of each objective over all trials)."""
+    result = exp.result
+    metrics, modes = list(result.metrics), list(result.modes)
+    if len(metrics) < 2:
+        return na(f"One objective ({exp.metric}): no Pareto front; give several metrics (metric: [a, b]) for one.")
+    rows = sorted(pareto.trial_rows(result.rows, metrics), key=lambda r: (r["end"], r["trial_id"]))
+    if not rows:
+        return na(f"No trial has reported every objective {metrics} yet: no front.")
+    trials = pd.DataFrame([{**{m: float(r[m]) for m in metrics}, "end": float(r["end"]),
+                            "feasible": pareto.total_violation(result.constraints, r) == 0} for r in rows])
+    front = pd.DataFrame([{m: float(r[m]) for m in metrics} for r in result.pareto_front()])
+    worst = [trials[m].min() if d == "max" else trials[m].max() for m, d in zip(metrics, modes)]
+    counts = np.unique(np.linspace(1, len(rows), min(len(rows), curve_points)).astype(int))
+    curve = pd.DataFrame({"n_trials": counts, "end": trials["end"].to_numpy()[counts - 1], "hypervolume": [
+        pareto.rows_hypervolume(rows[:n], metrics, modes, worst, result.constraints) for n in counts]})
+    bounds = f"; constraints {', '.join(map(str, result.constraints))}" if result.constraints else ""
+    return (figure(plots.pareto_front(trials, front, metrics, modes),
+                   f"{len(rows)} trials by {metrics[0]} and {metrics[1]} (each trial's latest result); red: the "
+                   f"{len(front)} trials of the Pareto front of {metrics}{bounds}.")
+            + figure(plots.hypervolume_curve(curve),
+                     f"Hypervolume of the feasible front so far, up to the reference point "
+                     f"{dict(zip(metrics, map(fmt, worst)))} (the worst value of each objective over all trials)."))
+
+
 # -- page ----------------------------------------------------------------------------------------------
 
 
@@ -278,7 +306,7 @@ def render_report(folder: str | Path) -> str:
     exp = Experiment.load(folder)
     exploits = exploit_events(exp)
     bodies = {"summary": summary(exp), "best-so-far": best_section(exp),
-              "learning-curves": curves_section(exp, exploits), "pbt": pbt_section(exp, exploits),
+              "pareto": pareto_section(exp), "learning-curves": curves_section(exp, exploits), "pbt": pbt_section(exp, exploits),
               "lineage": lineage_section(exp), "top": top_section(exp)}
     title = html.escape(f"nasplat report: {exp.meta.get('name', exp.folder.name)}")
     nav = "".join(f"<a href='#{key}'>{html.escape(label)}</a>" for key, label in SECTIONS.items())
