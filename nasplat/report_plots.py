@@ -174,7 +174,7 @@ def pareto_front(trials: pd.DataFrame, front: pd.DataFrame, metrics: list[str], 
         ax.scatter(broken[x], broken[y], s=12, facecolors="none", edgecolors="#8c959f", linewidths=0.7,
                    label="breaks a constraint", rasterized=many)
     line = front.sort_values(x)
-    ax.step(line[x], line[y], where="post" if (modes[0] == "max") == (modes[1] == "max") else "pre",
+    ax.step(line[x], line[y], where="post" if modes[0] == "min" else "pre",  # the edge of the dominated region
             color="#d62728", linewidth=1.2, alpha=0.7)
     ax.scatter(line[x], line[y], s=22, color="#d62728", zorder=5, label=f"Pareto front ({len(line)})")
     ax.set_xlabel(f"{x} ({modes[0]})")

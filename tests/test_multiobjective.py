@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import json
+import re
+import struct
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -181,3 +185,19 @@ def test_cnn_inference_cost_counts_parameters_and_times_a_forward_pass() -> None
     cost = inference_cost(net, torch.zeros(1, 3))
     assert cost["params"] == 11.0 and 0.0 < cost["latency_ms"] < 1000.0
     assert net.training, "the network goes back to training mode"
+
+
+def test_pareto_example_prints_and_draws_a_feasible_front(tmp_path: Path) -> None:
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, str(root / "examples" / "pareto.py"), "--storage", str(tmp_path),
+                           "--trials", "8"], capture_output=True, text=True, timeout=300, cwd=root)
+    assert done.returncode == 0, done.stderr[-3000:]
+    folder = tmp_path / "pareto-local-0"
+    result = nasplat.ExperimentResult.load(folder)
+    printed = [int(m) for m in re.findall(r"^  trial\s+(\d+):", done.stdout, flags=re.MULTILINE)]
+    feasible = [r for r in pareto.trial_rows(result.rows, ["test_acc", "latency_ms"]) if r["params"] <= 50_000]
+    points = np.array([[r["test_acc"], -r["latency_ms"]] for r in feasible])
+    assert sorted(printed) == sorted(feasible[i]["trial_id"] for i in np.flatnonzero(pareto.non_dominated_mask(points)))
+    assert max(r["test_acc"] for r in result.pareto_front()) >= 0.9
+    png = (folder / "pareto.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and struct.unpack(">II", png[16:24]) == (720, 480)
