@@ -137,7 +137,8 @@ class ExperimentResult:
         return frame
 
     def ranked(self) -> list[dict[str, Any]]:
-        """The best row of each trial, best trial first (failed rows and missing metrics left out)."""
+        """The best row of each trial by `metric`, best trial first (failed rows and missing metrics left out);
+        with constraints, trials that break them come last, by total violation."""
         best: dict[int, dict[str, Any]] = {}
         for row in self.rows:
             value = row.get(self.metric)
@@ -147,11 +148,13 @@ class ExperimentResult:
             if current is None or better(value, current[self.metric], self.mode):
                 best[row["trial_id"]] = row
         sign = -1 if self.mode == "max" else 1
-        return sorted(best.values(), key=lambda r: (sign * r[self.metric], r["trial_id"]))
+        return sorted(best.values(), key=lambda r: (pareto.total_violation(self.constraints, r), sign * r[self.metric],
+                                                    r["trial_id"]))
 
     @property
     def best(self) -> dict[str, Any] | None:
-        """The row with the best `metric` over every trial step, or None if nothing succeeded."""
+        """The row with the best `metric` over every trial step (constraint breakers last), or None if nothing
+        succeeded."""
         ranked = self.ranked()
         return ranked[0] if ranked else None
 

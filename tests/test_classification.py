@@ -141,8 +141,9 @@ def test_every_sampled_config_is_valid_builds_and_trains(seed: int) -> None:
     space.validate(config)
     assert space.decode(space.encode(config))["depth"]["n"] == config["depth"]["n"]
     metrics = make(config, seed=seed).step()
-    assert set(metrics) == {"train_loss", "test_loss", "test_acc", "epoch"}
+    assert set(metrics) == {"train_loss", "test_loss", "test_acc", "epoch", "params", "latency_ms"}
     assert np.isfinite(metrics["train_loss"]) and 0.0 <= metrics["test_acc"] <= 1.0
+    assert metrics["params"] == sum(p.numel() for p in build_model(config, 1, 10, (8, 8)).parameters())
 
 
 def test_mutated_configs_build_for_images_and_sequences() -> None:

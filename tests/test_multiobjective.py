@@ -130,6 +130,9 @@ def test_front_is_feasible_non_dominated_and_survives_loading(nb201_experiment: 
     assert result.hypervolume([50.0, 0.5]) == pytest.approx(by_hand)
     with pytest.raises(ValueError, match="one value per metric"):
         result.hypervolume([50.0])
+    ranked = [r["params_mb"] <= 0.5 for r in result.ranked()]  # by valid_acc, constraint breakers last
+    assert ranked == sorted(ranked, reverse=True) and result.best["params_mb"] <= 0.5
+    assert max(r["valid_acc"] for r in trials) > result.best["valid_acc"]
 
 
 def test_status_shows_the_front(nb201_experiment: Path, capsys: pytest.CaptureFixture[str]) -> None:

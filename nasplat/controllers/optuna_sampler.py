@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -18,7 +18,7 @@ if TYPE_CHECKING:  # imported when first used: trial workers never pay for Optun
 
 
 SAMPLERS = ("tpe", "nsga2", "nsga3", "random")
-_LOCK_TYPES = (type(threading.Lock()), type(threading.RLock()))
+_LOCK_TYPES = {type(threading.Lock()): threading.Lock, type(threading.RLock()): threading.RLock}
 
 
 class OptunaSampler(Controller):
@@ -83,10 +83,10 @@ class OptunaSampler(Controller):
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         state = dict(state)
-        locks = state.pop("sampler_locks", [])
+        locks = state.pop("sampler_locks", {})
         super().load_state_dict(state)
-        for name in locks:
-            setattr(self.study.sampler, name, threading.Lock())
+        for name, make_lock in locks.items():
+            setattr(self.study.sampler, name, make_lock())
 
     def __getstate__(self) -> dict[str, Any]:
         return {"space": self.space, "state": self.state_dict()}
@@ -97,13 +97,13 @@ class OptunaSampler(Controller):
 
 
 @contextmanager
-def _locks_set_aside(sampler: Any) -> Iterator[list[str]]:
-    """Within the block, the sampler's attributes that hold a lock are None; yields their names."""
-    locks = {k: v for k, v in vars(sampler).items() if isinstance(v, _LOCK_TYPES)}
+def _locks_set_aside(sampler: Any) -> Iterator[dict[str, Callable[[], Any]]]:
+    """Within the block, the sampler's attributes that hold a lock are None; yields {name: lock factory}."""
+    locks = {k: v for k, v in vars(sampler).items() if type(v) in _LOCK_TYPES}
     for name in locks:
         setattr(sampler, name, None)
     try:
-        yield sorted(locks)
+        yield {name: _LOCK_TYPES[type(lock)] for name, lock in locks.items()}
     finally:
         for name, lock in locks.items():
             setattr(sampler, name, lock)
