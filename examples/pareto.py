@@ -49,7 +49,8 @@ def main(argv: list[str] | None = None) -> nasplat.ExperimentResult:
     args = parser.parse_args(argv)
     result = nasplat.run(trainer=ClassificationTrainer, space=space, controller="mo_evolution",
                          controller_options={"population_size": 6, "sample_size": 3}, metric=METRICS, mode=MODES,
-                         constraints=CONSTRAINTS, executor=args.executor, concurrency=2 if args.executor == "ray" else 1,
+                         constraints=CONSTRAINTS, executor=args.executor,
+                         concurrency=2 if args.executor == "ray" else 1,
                          max_trials=args.trials, max_steps=2, seed=args.seed, storage=args.storage,
                          name=f"pareto-{args.executor}-{args.seed}")
     print(f"Pareto front of {METRICS} {MODES} under {CONSTRAINTS}:")

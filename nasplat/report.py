@@ -305,8 +305,8 @@ def render_report(folder: str | Path) -> str:
     """The report of the experiment in `folder` as one HTML string."""
     exp = Experiment.load(folder)
     exploits = exploit_events(exp)
-    bodies = {"summary": summary(exp), "best-so-far": best_section(exp),
-              "pareto": pareto_section(exp), "learning-curves": curves_section(exp, exploits), "pbt": pbt_section(exp, exploits),
+    bodies = {"summary": summary(exp), "best-so-far": best_section(exp), "pareto": pareto_section(exp),
+              "learning-curves": curves_section(exp, exploits), "pbt": pbt_section(exp, exploits),
               "lineage": lineage_section(exp), "top": top_section(exp)}
     title = html.escape(f"nasplat report: {exp.meta.get('name', exp.folder.name)}")
     nav = "".join(f"<a href='#{key}'>{html.escape(label)}</a>" for key, label in SECTIONS.items())

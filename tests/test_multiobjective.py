@@ -135,6 +135,16 @@ def test_front_is_feasible_non_dominated_and_survives_loading(nb201_experiment: 
     assert max(r["valid_acc"] for r in trials) > result.best["valid_acc"]
 
 
+def test_yaml_objectives_and_constraints_are_checked_by_name() -> None:
+    spec = {"trainer": "trainers.nb201_table:NB201Table", "space": "search_spaces.nb201:space",
+            "metric": NB201_METRICS, "mode": NB201_MODES, "controller": "mo_evolution", "budget": {"max_trials": 2}}
+    assert experiment_kwargs({**spec, "constraints": ["params_mb <= 1"]})["constraints"] == ["params_mb <= 1"]
+    with pytest.raises(ValueError, match=r"^exp\.yaml: a constraint must read .*got 'params_mb < 1'"):
+        experiment_kwargs({**spec, "constraints": ["params_mb < 1"]}, source="exp.yaml")
+    with pytest.raises(ValueError, match=r"^exp\.yaml: mode must be .*one per metric; got mode=\['max'\]"):
+        experiment_kwargs({**spec, "mode": ["max"]}, source="exp.yaml")
+
+
 def test_status_shows_the_front(nb201_experiment: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert cli(["status", str(nb201_experiment)]) == 0
     out = capsys.readouterr().out

@@ -21,5 +21,6 @@ CONTROLLERS: dict[str, type[Controller]] = {
 
 __all__ = [
     "CONTINUE", "CONTROLLERS", "STOP", "Continue", "Controller", "Decision", "Exploit", "MultiObjectiveEvolution",
-    "OptunaSampler", "PopulationBasedTraining", "RandomSearch", "RegularizedEvolution", "Reinforce", "Result", "Stop", "TrialSpec",
+    "OptunaSampler", "PopulationBasedTraining", "RandomSearch", "RegularizedEvolution", "Reinforce", "Result", "Stop",
+    "TrialSpec",
 ]
