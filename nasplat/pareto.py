@@ -140,15 +140,18 @@ def non_dominated_mask(points: Any) -> np.ndarray:
 
 def non_dominated_sort(points: Any) -> np.ndarray:
     """Each point's front: 0 for the non-dominated points, 1 for those left non-dominated once front 0 is
-    removed, and so on (Deb et al., 2002)."""
+    removed, and so on (Deb et al., 2002). Builds the n x n dominance matrix: meant for populations, not for
+    thousands of points (`non_dominated_mask` finds one front in O(n) memory)."""
     p = _as_points(points)
+    beats = np.all(p[:, None] >= p[None], axis=2) & np.any(p[:, None] > p[None], axis=2)  # [i, j]: i dominates j
+    dominators = beats.sum(axis=0)
     ranks = np.full(len(p), -1)
-    left = np.arange(len(p))
-    front = 0
-    while len(left):
-        mask = non_dominated_mask(p[left])
-        ranks[left[mask]] = front
-        left, front = left[~mask], front + 1
+    current, front = np.flatnonzero(dominators == 0), 0
+    while len(current):
+        ranks[current] = front
+        dominators -= beats[current].sum(axis=0)
+        dominators[current] = -1  # placed
+        current, front = np.flatnonzero(dominators == 0), front + 1
     return ranks
 
 
