@@ -272,6 +272,21 @@ def top_section(exp: Experiment) -> str:
                                                 "each at its best step, with its full config.")
 
 
+def hypervolume_progress(trials: pd.DataFrame, metrics: list[str], modes: list[str], reference: list[float],
+                         curve_points: int = 200) -> pd.DataFrame:
+    """The hypervolume of the feasible front after the first n trials (rows in order of ending, with one column
+    per metric, `end` and `feasible`), at up to `curve_points` values of n: columns n_trials, end, hypervolume."""
+    counts = np.unique(np.linspace(1, len(trials), min(len(trials), curve_points)).astype(int))
+    signs = pareto.signs(modes)
+    points = trials[metrics].to_numpy() * signs
+    so_far, volumes, done = np.zeros((0, len(metrics))), [], 0
+    for n in counts:  # the front so far, grown by the trials that ended since the last point of the curve
+        so_far = np.vstack([so_far, points[done:n][trials["feasible"].to_numpy()[done:n]]])
+        so_far, done = so_far[pareto.non_dominated_mask(so_far)], n
+        volumes.append(pareto.hypervolume(so_far, np.array(reference) * signs))
+    return pd.DataFrame({"n_trials": counts, "end": trials["end"].to_numpy()[counts - 1], "hypervolume": volumes})
+
+
 def pareto_section(exp: Experiment, curve_points: int = 200) -> str:
     """Several objectives: every trial against the first two, the front, and its hypervolume over time and trials
     (reference: the worst value of each objective over all trials)."""
@@ -286,9 +301,7 @@ def pareto_section(exp: Experiment, curve_points: int = 200) -> str:
                             "feasible": pareto.total_violation(result.constraints, r) == 0} for r in rows])
     front = pd.DataFrame([{m: float(r[m]) for m in metrics} for r in result.pareto_front()])
     worst = [trials[m].min() if d == "max" else trials[m].max() for m, d in zip(metrics, modes)]
-    counts = np.unique(np.linspace(1, len(rows), min(len(rows), curve_points)).astype(int))
-    curve = pd.DataFrame({"n_trials": counts, "end": trials["end"].to_numpy()[counts - 1], "hypervolume": [
-        pareto.rows_hypervolume(rows[:n], metrics, modes, worst, result.constraints) for n in counts]})
+    curve = hypervolume_progress(trials, metrics, modes, worst, curve_points)
     bounds = f"; constraints {', '.join(map(str, result.constraints))}" if result.constraints else ""
     return (figure(plots.pareto_front(trials, front, metrics, modes),
                    f"{len(rows)} trials by {metrics[0]} and {metrics[1]} (each trial's latest result); red: the "

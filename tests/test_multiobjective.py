@@ -24,7 +24,7 @@ from nasplat.controllers import (
     Result,
 )
 from nasplat.experiment import experiment_kwargs
-from nasplat.report import build_report
+from nasplat.report import build_report, hypervolume_progress
 
 NB201_METRICS, NB201_MODES = ["valid_acc", "params_mb"], ["max", "min"]
 
@@ -161,6 +161,17 @@ def test_report_draws_the_front_and_the_hypervolume(nb201_experiment: Path) -> N
     front = nasplat.ExperimentResult.load(nb201_experiment).pareto_front()
     assert 'aria-label="pareto-front"' in part and 'aria-label="hypervolume"' in part
     assert f"red: the {len(front)} trials of the Pareto front" in part and "params_mb &lt;= 0.5" in part
+    result = nasplat.ExperimentResult.load(nb201_experiment)
+    rows = sorted(pareto.trial_rows(result.rows, NB201_METRICS), key=lambda r: (r["end"], r["trial_id"]))
+    trials = pd.DataFrame([{**{m: r[m] for m in NB201_METRICS}, "end": r["end"], "feasible": r["params_mb"] <= 0.5}
+                           for r in rows])
+    curve = hypervolume_progress(trials, NB201_METRICS, NB201_MODES, [60.0, 0.5], curve_points=15)
+    assert len(curve) == 15 and curve["n_trials"].iloc[-1] == len(rows) and curve["end"].is_monotonic_increasing
+    assert curve["hypervolume"].is_monotonic_increasing and curve["hypervolume"].iloc[0] < curve["hypervolume"].iloc[-1]
+    assert curve["hypervolume"].iloc[-1] == pytest.approx(result.hypervolume([60.0, 0.5]))
+    middle = int(curve["n_trials"].iloc[7])
+    assert curve["hypervolume"].iloc[7] == pytest.approx(
+        pareto.rows_hypervolume(rows[:middle], NB201_METRICS, NB201_MODES, [60.0, 0.5], result.constraints))
 
 
 def test_mo_evolution_beats_random_search_on_nb201_front_hypervolume(shared_data: Path) -> None:
