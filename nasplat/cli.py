@@ -44,6 +44,14 @@ def _print_front(result: ExperimentResult) -> None:
         print(pd.DataFrame(rows).to_string(index=False))
 
 
+def _summarise(result: ExperimentResult, top: int) -> None:
+    """The Pareto front with several objectives or constraints, else a table of the `top` trials."""
+    if len(result.metrics) > 1 or result.constraints:
+        _print_front(result)
+    else:
+        _print_summary(result, top=top)
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     kwargs = load_experiment(args.experiment, executor=args.executor, storage=args.storage, name=args.name)
     if args.address:
@@ -53,14 +61,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     result = nasplat.run(**kwargs, progress=not args.quiet)
     if result.path is not None:
         print(f"results: {result.path}  (nasplat status {result.path} · nasplat report {result.path})")
-    _print_summary(result, top=5)
+    _summarise(result, top=5)
     return 0
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
     result = nasplat.resume(args.folder, progress=not args.quiet)
     print(f"results: {result.path}")
-    _print_summary(result, top=5)
+    _summarise(result, top=5)
     return 0
 
 
@@ -68,10 +76,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     result = ExperimentResult.load(args.folder)
     objectives = ", ".join(f"{m} ({d})" for m, d in zip(result.metrics, result.modes))
     print(f"experiment {Path(args.folder).name}: metric {objectives}")
-    if len(result.metrics) > 1 or result.constraints:
-        _print_front(result)
-    else:
-        _print_summary(result, top=args.top)
+    _summarise(result, top=args.top)
     return 0
 
 

@@ -145,6 +145,29 @@ def test_yaml_objectives_and_constraints_are_checked_by_name() -> None:
         experiment_kwargs({**spec, "mode": ["max"]}, source="exp.yaml")
 
 
+def test_yaml_file_through_nasplat_run(tmp_path: Path, shared_data: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "mo.yaml"
+    path.write_text(f"""
+name: mo
+trainer: trainers.nb201_table:NB201Table
+space: search_spaces.nb201:space
+metric: [valid_acc, train_s_per_epoch]
+mode: [max, min]
+constraints: ["params_mb <= 0.4"]
+controller: {{name: optuna, sampler: nsga2}}
+budget: {{max_trials: 30}}
+executor: simulated
+storage: {tmp_path}
+""")
+    assert cli(["run", str(path), "--quiet"]) == 0
+    out = capsys.readouterr().out
+    result = nasplat.ExperimentResult.load(tmp_path / "mo")
+    assert result.metrics == ("valid_acc", "train_s_per_epoch") and result.counts() == {"completed": 30}
+    front = result.pareto_front()
+    assert f"Pareto front under params_mb <= 0.4: {len(front)} trials" in out
+    assert front and all(r["params_mb"] <= 0.4 for r in front)
+
+
 def test_status_shows_the_front(nb201_experiment: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert cli(["status", str(nb201_experiment)]) == 0
     out = capsys.readouterr().out
