@@ -19,7 +19,8 @@ import numpy as np
 import pandas as pd
 
 from nasplat import report_plots as plots
-from nasplat.results import RESERVED, ROWS_FILE, ExperimentResult, write_atomic
+from nasplat.results import RESERVED, ExperimentResult
+from nasplat.storage import ROWS_FILE, write_atomic
 
 REPORT_FILE = "report.html"
 TOP_K = 10

@@ -2,86 +2,19 @@
 
 from __future__ import annotations
 
-import json
 import math
-import os
-import pickle
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from nasplat.storage import META_FILE, ROWS_FILE, Storage, is_uri, local_copy, read_json, read_rows
+
 if TYPE_CHECKING:
     import pandas as pd
 
-ROWS_FILE, STATE_FILE, SPEC_FILE = "results.jsonl", "state.pkl", "experiment.pkl"
 RESERVED = ("trial_id", "step", "attempt", "status", "config", "parent_id", "donor_id", "start", "end", "node", "pid",
-            "error")
-
-
-class ResultStore:
-    """Rows kept in memory and, with a folder, appended to `results.jsonl` as each arrives (flushed)."""
-
-    def __init__(self, folder: Path | None) -> None:
-        self.folder = folder
-        self.rows: list[dict[str, Any]] = []
-        self.file = None
-        if folder is not None:
-            folder.mkdir(parents=True, exist_ok=True)
-            path = folder / ROWS_FILE
-            if path.exists():
-                self.rows = read_rows(path)
-            self.file = open(path, "a", encoding="utf-8")
-
-    def append(self, row: dict[str, Any]) -> None:
-        self.rows.append(row)
-        if self.file is not None:
-            self.file.write(json.dumps(row, default=_json_default, allow_nan=True) + "\n")
-            self.file.flush()
-
-    def offset(self) -> int:
-        """Bytes written so far: where a consistent snapshot of the experiment ends."""
-        return self.file.tell() if self.file is not None else len(self.rows)
-
-    def close(self) -> None:
-        if self.file is not None:
-            self.file.close()
-            self.file = None
-
-
-def read_rows(path: Path) -> list[dict[str, Any]]:
-    with open(path, encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.endswith("\n")]
-
-
-def truncate_rows(folder: Path, offset: int, drop_trials: set[int]) -> None:
-    """Keep the rows written before `offset`, minus those of `drop_trials` (atomically)."""
-    path = folder / ROWS_FILE
-    if not path.exists():
-        return
-    with open(path, "rb") as f:
-        head = f.read(offset).decode("utf-8")
-    kept = [line for line in head.splitlines(keepends=True) if json.loads(line)["trial_id"] not in drop_trials]
-    tmp = path.with_suffix(".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.writelines(kept)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def write_atomic(path: Path, payload: bytes) -> None:
-    """Write `payload` to a temp file and rename it over `path`: a reader sees the old or the new file."""
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(payload)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def load_pickle(path: Path) -> Any:
-    with open(path, "rb") as f:
-        return pickle.load(f)
+            "error", "checkpoint")
+STATUSES = ("running", "completed", "stopped", "failed", "retried")
 
 
 @dataclass
@@ -97,10 +30,13 @@ class ExperimentResult:
     @classmethod
     def load(cls, folder: str | Path) -> ExperimentResult:
         """Read an experiment folder written by `nasplat.run(storage=...)`."""
+        if is_uri(folder):
+            Storage(folder).download(local := local_copy(str(folder)))
+            folder = local
         folder = Path(folder)
         if not (folder / ROWS_FILE).exists():
             raise FileNotFoundError(f"{folder} is not an experiment folder: no {ROWS_FILE} in it")
-        meta = json.loads((folder / "meta.json").read_text()) if (folder / "meta.json").exists() else {}
+        meta = read_json(folder / META_FILE) if (folder / META_FILE).exists() else {}
         return cls(read_rows(folder / ROWS_FILE), meta.get("metric", ""), meta.get("mode", "max"), folder)
 
     def dataframe(self) -> pd.DataFrame:
@@ -118,7 +54,7 @@ class ExperimentResult:
         best: dict[int, dict[str, Any]] = {}
         for row in self.rows:
             value = row.get(self.metric)
-            if row.get("status") == "failed" or not isinstance(value, (int, float)) or not math.isfinite(value):
+            if row.get("status") in ("failed", "retried") or not isinstance(value, (int, float)) or not math.isfinite(value):
                 continue
             current = best.get(row["trial_id"])
             if current is None or better(value, current[self.metric], self.mode):
@@ -147,11 +83,3 @@ class ExperimentResult:
 def better(a: float, b: float, mode: str) -> bool:
     """Whether `a` beats `b` under `mode`."""
     return a > b if mode == "max" else a < b
-
-
-def _json_default(value: Any) -> Any:
-    if hasattr(value, "item"):
-        return value.item()
-    if hasattr(value, "tolist"):
-        return value.tolist()
-    return repr(value)
