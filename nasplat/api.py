@@ -98,7 +98,7 @@ def run(*, trainer: type | str, controller: str | type | Controller = "random", 
                     executor=executor if isinstance(executor, str) else type(executor).__name__)
         files = {META_FILE: json.dumps(meta, indent=2).encode()}
         plain = _plain_json(spec)
-        files.update({SPEC_JSON: plain.encode()} if plain is not None else {SPEC_PICKLE: cloudpickle.dumps(spec)})
+        files.update({SPEC_JSON: plain.encode()} if plain is not None else {SPEC_PICKLE: _pickled(spec)})
         folder.create(files)
     return _engine(built, folder, progress).run()
 
@@ -181,6 +181,15 @@ def _engine(built: dict[str, Any], folder: ExperimentFolder | None, progress: bo
         from nasplat.monitoring import RayMetrics
         engine.listeners.append(RayMetrics(built["name"]))
     return engine
+
+
+def _pickled(spec: dict[str, Any]) -> bytes:
+    """`spec` pickled for storage; objects that cannot be pickled are named before anything is written."""
+    try:
+        return cloudpickle.dumps(spec)
+    except Exception as exc:
+        raise ValueError(f"the experiment cannot be saved to `storage`: {type(exc).__name__}: {exc}; give the trainer, "
+                         "space and controller by dotted path and name, or objects that pickle") from None
 
 
 def _plain_json(spec: dict[str, Any]) -> str | None:

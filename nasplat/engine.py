@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from nasplat.checkpoint import CheckpointPolicy
-from nasplat.controllers.base import Controller, Decision, Exploit, Result, Stop, TrialSpec
+from nasplat.controllers.base import Controller, Decision, Exploit, Pause, Result, Stop, TrialSpec
 from nasplat.executors.base import Checkpoint, Executor, StepEvent
 from nasplat.metrics import MetricError, clean_metrics
 from nasplat.results import ExperimentResult, better
@@ -33,7 +33,7 @@ class TrialRecord:
     trial_id: int
     config: Config
     parent_id: int | None = None
-    status: str = "running"  # running | completed | stopped | failed
+    status: str = "running"  # running | paused | completed | stopped | failed
     step: int = 0
     attempt: int = 0
     metrics: dict[str, Any] = field(default_factory=dict)
@@ -102,7 +102,7 @@ class Engine:
     def run(self) -> ExperimentResult:
         """Run to the end of the budget; raises `ExperimentFailed` once more than `max_failed_trials` failed."""
         try:
-            self.executor.open(self.trainer, self.name, self.folder.checkpoints if self.policy else None)
+            self.executor.open(self.trainer, self.name, self.folder.checkpoints if self.folder is not None else None)
             needed = getattr(self.controller, "min_concurrency", 1)
             if self.executor.concurrency < needed:
                 raise ValueError(f"{type(self.controller).__name__} needs its {needed} members training side by side, "
@@ -165,10 +165,14 @@ class Engine:
     def running(self) -> list[TrialRecord]:
         return [self.trials[t] for t in sorted(self.active)]
 
+    def time_left(self) -> bool:
+        return self.budget.time_s is None or self.now() < self.budget.time_s
+
     def budget_left(self) -> bool:
+        """Whether a new trial may start (a paused one may be resumed as long as there is time left)."""
         if self.budget.max_trials is not None and len(self.trials) >= self.budget.max_trials:
             return False
-        return self.budget.time_s is None or self.now() < self.budget.time_s
+        return self.time_left()
 
     def failed_out(self) -> bool:
         """Whether more trials failed than `max_failed_trials` allows."""
@@ -180,7 +184,18 @@ class Engine:
                 f"stopped. First errors: {first}")
 
     def _fill(self) -> None:
-        while len(self.active) < self.executor.concurrency and self.budget_left():
+        while len(self.active) < self.executor.concurrency:
+            promoted = self.controller.promote() if self.time_left() else None
+            if promoted is not None:
+                record = self.resume_trial(promoted)
+                self._emit("ask", {"resume": promoted, "rows": None, "time": round(self.now(), 6)})
+                kept = self.executor.kept.pop(promoted, None)
+                if kept is not None:
+                    record.restart = (kept, record.step)
+                self._launch(record)
+                continue
+            if not self.budget_left():
+                return
             spec = self.controller.ask()
             if spec is None:
                 return
@@ -197,6 +212,16 @@ class Engine:
         record = TrialRecord(spec.trial_id, spec.config, spec.parent_id)
         self.trials[spec.trial_id] = record
         self.active.add(spec.trial_id)
+        return record
+
+    def resume_trial(self, trial_id: int) -> TrialRecord:
+        """Take a paused trial back on (the controller promoted it)."""
+        record = self.trials.get(trial_id)
+        if record is None or record.status != "paused":
+            raise RuntimeError(f"controller promoted trial {trial_id}, which is not paused "
+                               f"(status: {None if record is None else record.status})")
+        record.status = "running"
+        self.active.add(trial_id)
         return record
 
     def _launch(self, record: TrialRecord) -> None:
@@ -237,8 +262,12 @@ class Engine:
         perturbation = status == "running" and self.controller.snapshot_due(record.trial_id, record.step)
         save = record.step if self.policy is not None and self.policy.due(
             record.step, perturbation=perturbation, ending=status != "running") else None
+        if status == "paused" and self.folder is not None:
+            save = record.step  # a paused trial's state is kept durably always, in memory where it fits
         self._emit("row", row, wait=(record.trial_id, save) if save is not None else None)
-        if status != "running":
+        if status == "paused":
+            self.executor.stop(record.trial_id, keep_state=True, save=save)
+        elif status != "running":
             self._release(record, save)
         elif exploit:
             donor = self.trials[decision.donor_id]
@@ -255,8 +284,12 @@ class Engine:
         result = Result(metrics, step)
         decision = self.controller.on_result(record.trial_id, result)
         done = step >= self.budget.max_steps or metrics.get("done") is True
-        status = "stopped" if isinstance(decision, Stop) and not done else "completed" if done else "running"
-        if status != "running":
+        status = "completed" if done else "stopped" if isinstance(decision, Stop) else (
+            "paused" if isinstance(decision, Pause) else "running")
+        if status == "paused":
+            record.status = "paused"
+            self.active.discard(record.trial_id)
+        elif status != "running":
             self.end(record, status, result)
         elif isinstance(decision, Exploit):
             self.exploits += 1
@@ -289,7 +322,7 @@ class Engine:
         parents = self.controller.parents()
         self.executor.stop(record.trial_id, keep_state=parents is not None and record.trial_id in parents, save=save)
         if parents is not None:
-            self.executor.drop_states(parents)
+            self.executor.drop_states(parents | {t for t, r in self.trials.items() if r.status == "paused"})
 
     def _row(self, record: TrialRecord, event: StepEvent, status: str, step: int, metrics: dict[str, Any], *,
              error: str | None = None) -> dict[str, Any]:
@@ -313,7 +346,7 @@ class Engine:
         """Record every outbox entry up to the first that waits for a checkpoint not yet reported."""
         while self.outbox and (self.outbox[0][2] is None or self.outbox[0][2] not in self.saving):
             kind, item, _ = self.outbox.popleft()
-            if kind == "ask":
+            if kind == "ask":  # a trial proposed, or resumed
                 item["rows"] = len(self.rows)
                 if self.folder is not None:
                     self.folder.append_journal(item)
@@ -386,10 +419,10 @@ class Engine:
         best_text = f"best {self.controller.metric}={best[self.controller.metric]:.4g} (trial {best['trial_id']})" \
             if best else "no result yet"
         return (f"[nasplat {self.name}] {counts['completed'] + counts['stopped']} done · {counts['running']} running · "
-                f"{counts['failed']} failed · {best_text} · {self.now():.1f}s")
+                f"{counts['paused']} paused · {counts['failed']} failed · {best_text} · {self.now():.1f}s")
 
     def status_counts(self) -> dict[str, int]:
-        counts = {"completed": 0, "stopped": 0, "running": 0, "failed": 0}
+        counts = {"completed": 0, "stopped": 0, "running": 0, "paused": 0, "failed": 0}
         for record in self.trials.values():
             counts[record.status] += 1
         return counts

@@ -1,7 +1,7 @@
 """Search controllers: pure-Python ask/tell strategies, no Ray import."""
 
 from nasplat.controllers.base import (
-    CONTINUE, STOP, Continue, Controller, Decision, Exploit, Result, Stop, TrialSpec,
+    CONTINUE, PAUSE, STOP, Continue, Controller, Decision, Exploit, Pause, Result, Stop, TrialSpec,
 )
 from nasplat.controllers.evolution import RegularizedEvolution
 from nasplat.controllers.optuna_sampler import OptunaSampler
@@ -18,6 +18,6 @@ CONTROLLERS: dict[str, type[Controller]] = {
 }
 
 __all__ = [
-    "CONTINUE", "CONTROLLERS", "STOP", "Continue", "Controller", "Decision", "Exploit", "OptunaSampler",
+    "CONTINUE", "CONTROLLERS", "PAUSE", "STOP", "Continue", "Controller", "Decision", "Exploit", "OptunaSampler", "Pause",
     "PopulationBasedTraining", "RandomSearch", "RegularizedEvolution", "Reinforce", "Result", "Stop", "TrialSpec",
 ]
