@@ -225,11 +225,12 @@ class Engine:
         return record
 
     def _launch(self, record: TrialRecord) -> None:
-        """Start (or restart) the trial from the newest state it can reach: an exploit's in-memory donor state or its
-        latest durable checkpoint, whichever is further; else from scratch (or its parent's state)."""
+        """Start (or restart) the trial from the newest state it can reach: an in-memory state (an exploit's donor
+        state, a paused trial's own) or its latest durable checkpoint, whichever is further (memory on a tie); else
+        from scratch (or its parent's state)."""
         state, inherit = None, False
         memory, durable = record.restart, record.checkpoint
-        if durable is not None and (memory is None or durable.step >= memory[1]):
+        if durable is not None and (memory is None or durable.step > memory[1]):
             state, record.step = durable, durable.step
         elif memory is not None:
             state, record.step = memory
@@ -244,7 +245,7 @@ class Engine:
         for checkpoint in event.saved:
             self._saved(checkpoint)
         record = self.trials.get(event.trial_id)
-        if (event.metrics is None and event.error is None) or record is None or record.status != "running":
+        if (event.metrics is None and event.error is None) or record is None or record.trial_id not in self.active:
             self._flush()
             return
         if event.error is not None:
@@ -310,6 +311,9 @@ class Engine:
         if retry and record.attempt < self.max_failures:
             self._emit("row", self._row(record, event, "retried", record.step + 1, {}, error=error))
             record.attempt += 1
+            if record.restart is not None and record.checkpoint is not None \
+                    and record.checkpoint.step >= record.restart[1]:
+                record.restart = None  # the in-memory state may be what was lost (its node died): take the durable one
             self.executor.stop(record.trial_id)
             self._launch(record)
             return
