@@ -5,6 +5,7 @@ from nasplat.controllers import (
     Continue, Controller, Exploit, OptunaSampler, PopulationBasedTraining, RandomSearch, RegularizedEvolution,
     Reinforce, Result, Stop, TrialSpec,
 )
+from nasplat.integrations.optuna_export import to_optuna
 from nasplat.interop import space_from_optuna, space_from_tune
 from nasplat.results import ExperimentResult
 from nasplat.space import Choice, Float, Int, Space
@@ -16,4 +17,5 @@ __all__ = [
     "Choice", "Continue", "Controller", "ExperimentResult", "Exploit", "Float", "Int", "OptunaSampler",
     "PopulationBasedTraining", "RandomSearch", "RegularizedEvolution", "Reinforce", "Result", "Space", "Stop",
     "Trainer", "TrialSpec", "WorkerContext", "resume", "run", "space_from_optuna", "space_from_tune",
+    "to_optuna",
 ]

@@ -113,6 +113,8 @@ def _engine(settings: dict[str, Any], folder: Path | None) -> Engine:
                   max_failures=settings["max_failures"], storage=folder,
                   progress=settings["progress"], checkpoint_interval_s=settings["checkpoint_interval_s"])
     engine.listeners.extend(settings["callbacks"])
+    from nasplat.integrations import default_listeners  # TensorBoard event files where tensorboard is installed
+    engine.listeners.extend(default_listeners(folder, settings["callbacks"]))
     if settings["executor"] == "ray":
         from nasplat.monitoring import RayMetrics
         engine.listeners.append(RayMetrics(settings["name"]))
