@@ -85,10 +85,12 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def server(command: list[str], ready_url: str, log: Path) -> Iterator[subprocess.Popen]:
-    """Start `command` in its own process group, wait until `ready_url` answers 200, stop the group after."""
+def server(command: list[str], ready_url: str, log: Path, **env: str) -> Iterator[subprocess.Popen]:
+    """Start `command` (with `env` added to the environment) in its own process group, wait until `ready_url`
+    answers 200, stop the group after."""
     with open(log, "w") as out:
-        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                                   env={**os.environ, **env})
     try:
         for _ in range(600):  # up to 2 minutes: MLflow migrates its SQLite database first
             if process.poll() is not None:
@@ -122,7 +124,9 @@ def mlflow_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     command = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}",
                "--default-artifact-root", str(root / "artifacts"), "--host", "127.0.0.1", "--port", str(port),
                "--workers", "1"]
-    with server(command, f"http://127.0.0.1:{port}/health", root / "server.log"):
+    # the tracking server alone: no background job runner (MLflow 3 starts seven worker processes for it)
+    with server(command, f"http://127.0.0.1:{port}/health", root / "server.log",
+                MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false"):
         yield f"http://127.0.0.1:{port}"
 
 

@@ -15,6 +15,7 @@ from nasplat.integrations import require, row_metrics
 from nasplat.results import flat_config
 
 BEST_TAG = "nasplat.best"
+QUIET = "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"  # read by MLflow when a run ends
 
 
 class MLflowLogger:
@@ -107,17 +108,15 @@ class MLflowLogger:
 
     def _terminate(self, run_id: str, status: str) -> None:
         """End a trial's run without MLflow's two "View run" lines per trial (the parent run's still print)."""
-        from mlflow.environment_variables import MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT as QUIET
-
-        before = os.environ.get(QUIET.name)
-        os.environ[QUIET.name] = "true"
+        before = os.environ.get(QUIET)
+        os.environ[QUIET] = "true"
         try:
             self._client.set_terminated(run_id, status)
         finally:
             if before is None:
-                del os.environ[QUIET.name]
+                del os.environ[QUIET]
             else:
-                os.environ[QUIET.name] = before
+                os.environ[QUIET] = before
 
     def _log_params(self, run_id: str, params: dict[str, Any]) -> None:
         from mlflow.entities import Param
