@@ -306,3 +306,47 @@ def test_a_missing_extra_is_one_line_naming_the_extra(tmp_path, monkeypatch, cap
     assert default_listeners(tmp_path, []) == []  # TensorBoard is on by default only where it is installed
     with pytest.raises(ValueError, match=r"unknown callback 'wandb' in 'wandb'; allowed: \['mlflow', 'tensorboard'\]"):
         make_callbacks(["wandb"])
+
+
+class FlakyMLP(TinyMLP):
+    """`TinyMLP` whose first attempt of trial 0 crashes at its second step, and whose trial 1 never trains."""
+
+    crashes_left = 1
+
+    def setup(self, config: dict[str, Any], ctx: WorkerContext) -> None:
+        super().setup(config, ctx)
+        self.steps = 0
+        self.doomed = config["act"] == "tanh"
+
+    def step(self) -> dict[str, Any]:
+        self.steps += 1
+        if self.doomed or (self.steps == 2 and FlakyMLP.crashes_left):
+            FlakyMLP.crashes_left -= not self.doomed
+            raise RuntimeError("synthetic crash")
+        return super().step()
+
+
+def test_tensorboard_shows_a_retried_trial_once_and_a_failed_one_as_failed(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.plugins.hparams import metadata
+    from tensorboard.plugins.hparams.api_pb2 import Status
+
+    result = nasplat.run(trainer=FlakyMLP, space={**SPACE, "act": Choice(["relu"])}, metric="val_acc",
+                         executor="local", max_trials=1, max_steps=STEPS, max_failures=1, storage=tmp_path,
+                         name="flaky")
+    rows = rows_by_trial(tmp_path / "flaky")[0]
+    assert [(r["attempt"], r["step"]) for r in rows] == [(0, 1), (1, 1), (1, 2), (1, 3)]
+    events = EventAccumulator(str(tmp_path / "flaky" / "tensorboard" / "trial-0"))
+    events.Reload()
+    assert [(e.step, e.value) for e in events.Scalars("val_acc")] == [
+        (r["step"], float(np.float32(r["val_acc"]))) for r in rows[1:]]  # the first attempt's step 1 is hidden
+    assert result.counts() == {"completed": 1}
+
+    doomed = nasplat.run(trainer=FlakyMLP, space={**SPACE, "act": Choice(["tanh"])}, metric="val_acc",
+                         executor="local", max_trials=1, max_steps=STEPS, storage=tmp_path, name="doomed")
+    assert doomed.counts() == {"failed": 1}
+    events = EventAccumulator(str(tmp_path / "doomed" / "tensorboard" / "trial-0"))
+    events.Reload()
+    content = events.PluginTagToContent(metadata.PLUGIN_NAME)
+    end = metadata.parse_session_end_info_plugin_data(content[metadata.SESSION_END_INFO_TAG])
+    assert end.status == Status.Value("STATUS_FAILURE")
