@@ -1,9 +1,9 @@
 """TensorBoard, MLflow, Optuna's study, dashboard and importance, and table export, on one real search.
 
 A tiny PyTorch MLP (one or two hidden layers: a conditional space) trains on scikit-learn's digits on the
-`local` executor, run from an experiment file through `nasplat run` with `callbacks: [mlflow]` against a
-real `mlflow server` (SQLite backend) on 127.0.0.1; TensorBoard's event files are written by default.
-Everything is then read back with each tool's own reader and compared with `results.jsonl`.
+`local` executor, run from an experiment file through `nasplat run`, with `callbacks: [mlflow]` against a
+real `mlflow server` (SQLite backend) on 127.0.0.1 for MLflow's test; TensorBoard's event files are written
+by default. Everything is read back with each tool's own reader and compared with `results.jsonl`.
 """
 
 from __future__ import annotations
@@ -130,19 +130,22 @@ def mlflow_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield f"http://127.0.0.1:{port}"
 
 
-@pytest.fixture(scope="module")
-def experiment(tmp_path_factory: pytest.TempPathFactory, mlflow_url: str) -> tuple[Path, str]:
-    """The search, run through `nasplat run` from a YAML file; returns its folder and the run's stderr."""
-    root = tmp_path_factory.mktemp("experiment")
-    spec = {"name": "digits", "trainer": "test_integrations:TinyMLP", "space": "test_integrations:SPACE",
+def run_file(folder: Path, name: str, **spec: Any) -> tuple[Path, str]:
+    """Run the search from an experiment file through `nasplat run`; returns its folder and the run's stderr."""
+    spec = {"name": name, "trainer": "test_integrations:TinyMLP", "space": "test_integrations:SPACE",
             "metric": "val_acc", "controller": "random", "budget": {"max_trials": TRIALS, "max_steps": STEPS},
-            "executor": "local", "storage": str(root), "seed": 3,
-            "callbacks": [{"name": "mlflow", "tracking_uri": mlflow_url, "experiment": "nasplat-digits"}]}
-    (root / "digits.yaml").write_text(yaml.safe_dump(spec))
+            "executor": "local", "storage": str(folder), "seed": 3, **spec}
+    (folder / f"{name}.yaml").write_text(yaml.safe_dump(spec))
     err = io.StringIO()
     with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-        assert main(["run", str(root / "digits.yaml")]) == 0, err.getvalue()[-3000:]
-    return root / "digits", err.getvalue()
+        assert main(["run", str(folder / f"{name}.yaml")]) == 0, err.getvalue()[-3000:]
+    return folder / name, err.getvalue()
+
+
+@pytest.fixture(scope="module")
+def experiment(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """The search of every test but MLflow's: its folder and the run's stderr."""
+    return run_file(tmp_path_factory.mktemp("experiment"), "digits")
 
 
 def rows_by_trial(folder: Path) -> dict[int, list[dict[str, Any]]]:
@@ -153,10 +156,12 @@ def rows_by_trial(folder: Path) -> dict[int, list[dict[str, Any]]]:
     return out
 
 
-def test_mlflow_server_holds_a_parent_run_and_one_nested_run_per_trial(experiment, mlflow_url):
+@pytest.mark.slow  # the server's start-up (it migrates a fresh SQLite database) takes 30-60 s here
+def test_mlflow_server_holds_a_parent_run_and_one_nested_run_per_trial(mlflow_url, tmp_path):
     from mlflow.tracking import MlflowClient
 
-    folder, _ = experiment
+    callback = {"name": "mlflow", "tracking_uri": mlflow_url, "experiment": "nasplat-digits"}
+    folder, _ = run_file(tmp_path, "digits", callbacks=[callback])  # `callbacks:` in the YAML
     trials, best = rows_by_trial(folder), ExperimentResult.load(folder).best
     client = MlflowClient(tracking_uri=mlflow_url)  # every call below is a REST request to the server
     runs = client.search_runs([client.get_experiment_by_name("nasplat-digits").experiment_id])
@@ -231,13 +236,16 @@ def test_to_optuna_writes_a_study_optuna_loads_with_every_trial_step_and_the_bes
 
 @needs_chromium
 def test_optuna_dashboard_lists_the_exported_trials_in_headless_chromium(experiment, tmp_path):
+    import optuna
+
     folder, _ = experiment
     storage = f"sqlite:///{tmp_path / 'study.db'}"
     study = nasplat.to_optuna(ExperimentResult.load(folder), storage=storage)
     port = free_port()
     command = [str(BIN / "optuna-dashboard"), storage, "--host", "127.0.0.1", "--port", str(port)]
     with server(command, f"http://127.0.0.1:{port}/api/studies", tmp_path / "dashboard.log"):
-        page = f"http://127.0.0.1:{port}/dashboard/studies/{study._study_id}/trials"
+        study_id = optuna.storages.RDBStorage(storage).get_study_id_from_name(study.study_name)
+        page = f"http://127.0.0.1:{port}/dashboard/studies/{study_id}/trials"
         shown = chromium(page, tmp_path, "--virtual-time-budget=15000", "--dump-dom")
     assert shown.returncode == 0, shown.stderr[-2000:]
     assert not console_errors(shown.stderr)
