@@ -298,8 +298,12 @@ def test_too_few_trials_for_importance_is_one_clear_line(experiment, tmp_path, c
 
 
 def test_a_missing_extra_is_one_line_naming_the_extra(tmp_path, monkeypatch, capsys):
-    from nasplat.integrations import default_listeners, make_callbacks
+    from nasplat.integrations import MLflowLogger, TensorBoardLogger, default_listeners, make_callbacks
 
+    by_name = make_callbacks(["mlflow", {"name": "tensorboard", "logdir": str(tmp_path)}])
+    assert [type(c) for c in by_name] == [MLflowLogger, TensorBoardLogger] and by_name[1].logdir == tmp_path
+    assert default_listeners(tmp_path, by_name) == []  # no second TensorBoard writer beside the one asked for
+    assert [type(c) for c in default_listeners(tmp_path, [])] == [TensorBoardLogger]
     spec = {"trainer": "test_integrations:TinyMLP", "space": "test_integrations:SPACE", "metric": "val_acc",
             "controller": "random", "budget": {"max_trials": 1}, "executor": "local", "callbacks": ["mlflow"]}
     (tmp_path / "e.yaml").write_text(yaml.safe_dump(spec))
