@@ -87,7 +87,7 @@ def run(*, trainer: type | str, controller: str | type | Controller = "random", 
                 max_failures=max_failures, max_failed_trials=max_failed_trials, seed=seed, name=name,
                 storage=None if storage is None else str(storage), checkpoint=checkpoint,
                 controller_options=dict(controller_options or {}), executor_options=dict(executor_options or {}),
-                callbacks=list(callbacks))
+                callbacks=callbacks if isinstance(callbacks, (str, Mapping)) else list(callbacks))
     built = _build(spec)
     folder = None
     if storage is not None:
@@ -168,7 +168,17 @@ def _build(spec: dict[str, Any]) -> dict[str, Any]:
     executor = make_executor(spec["executor"], concurrency=spec["concurrency"], **spec["executor_options"])
     return dict(trainer=trainer, controller=controller, name=name, budget=budget, policy=policy, executor=executor,
                 seed=spec["seed"], max_failures=spec["max_failures"], max_failed_trials=spec["max_failed_trials"],
-                callbacks=list(spec["callbacks"]), ray=spec["executor"] == "ray")
+                callbacks=_callbacks(spec["callbacks"]), ray=spec["executor"] == "ray")
+
+
+def _callbacks(specs: Sequence[Any]) -> list[Any]:
+    """Listener objects as given; names and mappings (`"mlflow"`, `{"name": "mlflow", ...}`) built by the
+    integrations' registry, so that an experiment file's callbacks stay plain data."""
+    from nasplat.integrations import make_callbacks
+
+    if isinstance(specs, (str, Mapping)) or not isinstance(specs, Sequence):
+        raise ValueError(f"`callbacks` must be a list of listeners, names or mappings, got {specs!r}")
+    return [make_callbacks([c])[0] if isinstance(c, (str, Mapping)) else c for c in specs]
 
 
 def _engine(built: dict[str, Any], folder: ExperimentFolder | None, progress: bool) -> Engine:
@@ -177,6 +187,8 @@ def _engine(built: dict[str, Any], folder: ExperimentFolder | None, progress: bo
                     max_failed_trials=built["max_failed_trials"], folder=folder, checkpoint=built["policy"],
                     progress=progress)
     engine.listeners.extend(built["callbacks"])
+    from nasplat.integrations import default_listeners  # TensorBoard event files where tensorboard is installed
+    engine.listeners.extend(default_listeners(folder.path if folder is not None else None, built["callbacks"]))
     if built["ray"]:
         from nasplat.monitoring import RayMetrics
         engine.listeners.append(RayMetrics(built["name"]))

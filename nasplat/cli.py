@@ -1,4 +1,4 @@
-"""The `nasplat` command: run, resume, status, report and serve experiments."""
+"""The `nasplat` command: run, resume, status, export, report and serve experiments."""
 
 from __future__ import annotations
 
@@ -53,6 +53,20 @@ def cmd_status(args: argparse.Namespace) -> int:
     result = ExperimentResult.load(args.folder)
     print(f"experiment {Path(args.folder).name}: metric {result.metric} ({result.mode})")
     _print_summary(result, top=args.top)
+    if args.importance:
+        from nasplat.integrations import param_importances
+
+        importances = param_importances(result, evaluator=args.importance)
+        print(f"decision importance for {result.metric} (Optuna, {args.importance}):")
+        for name, value in importances.items():
+            print(f"  {name:<40} {value:.3f}")
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from nasplat.integrations.tables import export_rows
+
+    print(f"exported: {export_rows(args.folder, args.format, args.output)}")
     return 0
 
 
@@ -93,7 +107,14 @@ def parser() -> argparse.ArgumentParser:
     status = sub.add_parser("status", help="a table of the best trials of an experiment folder")
     status.add_argument("folder")
     status.add_argument("--top", type=int, default=10)
+    status.add_argument("--importance", nargs="?", const="fanova", choices=["fanova", "ped-anova"],
+                        help="also print each decision's importance (Optuna's fANOVA, or PED-ANOVA)")
     status.set_defaults(func=cmd_status)
+    export = sub.add_parser("export", help="write the experiment's rows as a table, one column per decision")
+    export.add_argument("folder")
+    export.add_argument("--format", choices=["parquet", "csv"], default="parquet")
+    export.add_argument("-o", "--output", help="the file to write (default: <folder>/results.<format>)")
+    export.set_defaults(func=cmd_export)
     report = sub.add_parser("report", help="write a self-contained HTML report into the experiment folder")
     report.add_argument("folder")
     report.set_defaults(func=cmd_report)
@@ -109,7 +130,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
         return args.func(args)
-    except (ValueError, TypeError, FileNotFoundError, FileExistsError, FolderInUse, ExperimentFailed) as exc:
+    except (ValueError, TypeError, FileNotFoundError, FileExistsError, ImportError, FolderInUse,
+            ExperimentFailed) as exc:
         print(f"nasplat {args.command}: error: {exc}", file=sys.stderr)
         return 2
 

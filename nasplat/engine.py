@@ -13,6 +13,7 @@ import sys
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -158,6 +159,11 @@ class Engine:
             method = getattr(listener, hook, None)
             if method is not None:
                 method(self)
+
+    @property
+    def path(self) -> Path | None:
+        """The local experiment folder (the working copy, for a URI), or None without storage."""
+        return self.folder.path if self.folder is not None else None
 
     def now(self) -> float:
         return self.clock_offset + self.executor.now()

@@ -9,7 +9,7 @@ from typing import Any
 import yaml
 
 TOP_KEYS = ("name", "trainer", "space", "metric", "mode", "controller", "budget", "resources", "executor", "storage",
-            "seed", "max_failures", "max_failed_trials", "checkpoint")
+            "seed", "max_failures", "max_failed_trials", "checkpoint", "callbacks")
 REQUIRED = ("trainer", "space", "metric", "controller", "budget")
 BUDGET_KEYS = ("max_trials", "time_budget_s", "max_steps")
 RESOURCE_KEYS = ("concurrency", "cpus_per_trial", "gpus_per_trial", "workers", "backend", "strategy", "backend_options")
@@ -64,6 +64,8 @@ def experiment_kwargs(spec: Mapping[str, Any], *, source: str = "experiment") ->
     )
     if executor == "ray":
         kwargs["executor_options"] = ray_options
+    if spec.get("callbacks"):  # names or mappings, built (and checked) by `nasplat.run`: the spec stays plain data
+        kwargs["callbacks"] = spec["callbacks"]
     return kwargs
 
 

@@ -39,14 +39,22 @@ class ExperimentResult:
         meta = read_json(folder / META_FILE) if (folder / META_FILE).exists() else {}
         return cls(read_rows(folder / ROWS_FILE), meta.get("metric", ""), meta.get("mode", "max"), folder)
 
-    def dataframe(self) -> pd.DataFrame:
-        """One row per trial step: trial id, step, status, config, metrics, parent/donor id, times, node, pid."""
+    def dataframe(self, *, flatten_config: bool = False) -> pd.DataFrame:
+        """One row per trial step: trial id, step, status, config, metrics, parent/donor id, times, node, pid.
+
+        `flatten_config=True` replaces the `config` column by one column per decision, `config.<path>`
+        (`config.depth.n`, ...); a decision absent from a row's config (a branch not taken) is missing (NaN) there.
+        """
         import pandas as pd  # imported here: trial workers never pay for it
 
         frame = pd.DataFrame(self.rows)
         for column in RESERVED:
             if column not in frame:
                 frame[column] = None
+        if flatten_config:
+            configs = pd.DataFrame([flat_config(c) for c in frame["config"]], index=frame.index)
+            at = frame.columns.get_loc("config")
+            frame = pd.concat([frame.iloc[:, :at], configs, frame.iloc[:, at + 1:]], axis=1)
         return frame
 
     def ranked(self) -> list[dict[str, Any]]:
@@ -78,6 +86,16 @@ class ExperimentResult:
         for status in self.final_status().values():
             out[status] = out.get(status, 0) + 1
         return out
+
+
+def flat_config(config: Any, prefix: str = "config.") -> dict[str, Any]:
+    """`{"depth": {"n": 2}}` -> `{"config.depth.n": 2}`: one key per decision, nested dicts joined by dots."""
+    if not isinstance(config, dict):
+        return {prefix.rstrip("."): config}
+    out: dict[str, Any] = {}
+    for key, value in config.items():
+        out.update(flat_config(value, f"{prefix}{key}.") if isinstance(value, dict) else {f"{prefix}{key}": value})
+    return out
 
 
 def better(a: float, b: float, mode: str) -> bool:
