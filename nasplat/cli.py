@@ -1,4 +1,4 @@
-"""The `nasplat` command: run, resume, status, report and serve experiments."""
+"""The `nasplat` command: run, resume, status, export, report and serve experiments."""
 
 from __future__ import annotations
 
@@ -8,7 +8,9 @@ from pathlib import Path
 
 import nasplat
 from nasplat.experiment import load_experiment
+from nasplat.engine import ExperimentFailed
 from nasplat.results import ExperimentResult
+from nasplat.storage import FolderInUse
 
 
 def _print_summary(result: ExperimentResult, top: int = 10) -> None:
@@ -77,6 +79,20 @@ def cmd_status(args: argparse.Namespace) -> int:
     objectives = ", ".join(f"{m} ({d})" for m, d in zip(result.metrics, result.modes))
     print(f"experiment {Path(args.folder).name}: metric {objectives}")
     _summarise(result, top=args.top)
+    if args.importance:
+        from nasplat.integrations import param_importances
+
+        importances = param_importances(result, evaluator=args.importance)
+        print(f"decision importance for {result.metric} (Optuna, {args.importance}):")
+        for name, value in importances.items():
+            print(f"  {name:<40} {value:.3f}")
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from nasplat.integrations.tables import export_rows
+
+    print(f"exported: {export_rows(args.folder, args.format, args.output)}")
     return 0
 
 
@@ -117,7 +133,14 @@ def parser() -> argparse.ArgumentParser:
     status = sub.add_parser("status", help="a table of the best trials of an experiment folder")
     status.add_argument("folder")
     status.add_argument("--top", type=int, default=10)
+    status.add_argument("--importance", nargs="?", const="fanova", choices=["fanova", "ped-anova"],
+                        help="also print each decision's importance (Optuna's fANOVA, or PED-ANOVA)")
     status.set_defaults(func=cmd_status)
+    export = sub.add_parser("export", help="write the experiment's rows as a table, one column per decision")
+    export.add_argument("folder")
+    export.add_argument("--format", choices=["parquet", "csv"], default="parquet")
+    export.add_argument("-o", "--output", help="the file to write (default: <folder>/results.<format>)")
+    export.set_defaults(func=cmd_export)
     report = sub.add_parser("report", help="write a self-contained HTML report into the experiment folder")
     report.add_argument("folder")
     report.set_defaults(func=cmd_report)
@@ -133,7 +156,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
         return args.func(args)
-    except (ValueError, TypeError, FileNotFoundError, FileExistsError) as exc:
+    except (ValueError, TypeError, FileNotFoundError, FileExistsError, ImportError, FolderInUse,
+            ExperimentFailed) as exc:
         print(f"nasplat {args.command}: error: {exc}", file=sys.stderr)
         return 2
 

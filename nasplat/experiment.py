@@ -11,7 +11,7 @@ import yaml
 from nasplat.pareto import parse_constraints, parse_objectives
 
 TOP_KEYS = ("name", "trainer", "space", "metric", "mode", "constraints", "controller", "budget", "resources",
-            "executor", "storage", "seed", "max_failures")
+            "executor", "storage", "seed", "max_failures", "max_failed_trials", "checkpoint", "callbacks")
 REQUIRED = ("trainer", "space", "metric", "controller", "budget")
 BUDGET_KEYS = ("max_trials", "time_budget_s", "max_steps")
 RESOURCE_KEYS = ("concurrency", "cpus_per_trial", "gpus_per_trial", "workers", "backend", "strategy", "backend_options")
@@ -66,11 +66,14 @@ def experiment_kwargs(spec: Mapping[str, Any], *, source: str = "experiment") ->
         controller=controller["name"], controller_options=options, executor=executor,
         max_trials=budget.get("max_trials"), time_budget_s=budget.get("time_budget_s"),
         max_steps=budget.get("max_steps", 1), seed=spec.get("seed", 0), max_failures=spec.get("max_failures", 0),
+        max_failed_trials=spec.get("max_failed_trials", 10), checkpoint=spec.get("checkpoint"),
         name=spec.get("name"), storage=spec.get("storage"),
         concurrency=resources.get("concurrency", 1 if executor != "ray" else None),
     )
     if executor == "ray":
         kwargs["executor_options"] = ray_options
+    if spec.get("callbacks"):  # names or mappings, built (and checked) by `nasplat.run`: the spec stays plain data
+        kwargs["callbacks"] = spec["callbacks"]
     return kwargs
 
 

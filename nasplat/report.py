@@ -1,7 +1,8 @@
 """`build_report(folder)`: one self-contained HTML page about an experiment folder (no external URLs).
 
 Sections: summary, best-so-far (against time and trials), learning curves, PBT schedules and exploit
-events, the evolution lineage (with the decision each mutation changed), and the top 10 trials. A section
+events, the evolution lineage (with the decision each mutation changed), decision importance (Optuna's
+fANOVA) and the top 10 trials. A section
 that does not apply to the experiment says so in one line.
 """
 
@@ -20,14 +21,15 @@ import pandas as pd
 
 from nasplat import pareto
 from nasplat import report_plots as plots
-from nasplat.results import RESERVED, ROWS_FILE, ExperimentResult, write_atomic
+from nasplat.results import RESERVED, ExperimentResult
+from nasplat.storage import ROWS_FILE, write_atomic
 
 REPORT_FILE = "report.html"
 TOP_K = 10
 MAX_TABLE_ROWS = 2000
 SECTIONS = {"summary": "Summary", "best-so-far": "Best so far", "pareto": "Pareto front",
-            "learning-curves": "Learning curves",
-            "pbt": "PBT schedules and exploits", "lineage": "Evolution lineage", "top": f"Top {TOP_K} trials"}
+            "learning-curves": "Learning curves", "pbt": "PBT schedules and exploits", "lineage": "Evolution lineage",
+            "importance": "Decision importance", "top": f"Top {TOP_K} trials"}
 
 
 @dataclass
@@ -255,6 +257,18 @@ def ancestors(by_id: pd.DataFrame, trial_id: int) -> list[int]:
         seen.add(int(parent))
 
 
+def importance_section(exp: Experiment) -> str:
+    from nasplat.integrations import param_importances
+
+    try:
+        importances = param_importances(exp.result)
+    except ValueError as exc:
+        return na(f"No decision importance: {exc}")
+    frame = pd.DataFrame({"decision": list(importances), "importance": list(importances.values())})
+    return table(frame, caption=f"The share of {exp.metric}'s variance over completed trials that each decision "
+                                "explains (Optuna's fANOVA, seeded; decisions inside a branch are left out).")
+
+
 def top_section(exp: Experiment) -> str:
     ranked = exp.result.ranked()[:TOP_K]
     if not ranked:
@@ -320,7 +334,7 @@ def render_report(folder: str | Path) -> str:
     exploits = exploit_events(exp)
     bodies = {"summary": summary(exp), "best-so-far": best_section(exp), "pareto": pareto_section(exp),
               "learning-curves": curves_section(exp, exploits), "pbt": pbt_section(exp, exploits),
-              "lineage": lineage_section(exp), "top": top_section(exp)}
+              "lineage": lineage_section(exp), "importance": importance_section(exp), "top": top_section(exp)}
     title = html.escape(f"nasplat report: {exp.meta.get('name', exp.folder.name)}")
     nav = "".join(f"<a href='#{key}'>{html.escape(label)}</a>" for key, label in SECTIONS.items())
     sections = "".join(f"<section id='{key}'><h2>{html.escape(SECTIONS[key])}</h2>{body}</section>"

@@ -15,7 +15,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 from nasplat.report import build_report
-from nasplat.results import ROWS_FILE
+from nasplat.storage import ROWS_FILE
 
 POLL_MS = 2000
 LIVE_SCRIPT = """<script>

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import pickle
 import signal
 import subprocess
 import sys
@@ -14,7 +13,7 @@ import pytest
 
 import nasplat
 from nasplat import Choice, Float, Int, Trainer
-from nasplat.results import STATE_FILE, ExperimentResult
+from nasplat.results import ExperimentResult
 
 SPACE = {"x": Float(-2.0, 2.0), "k": Int(1, 5), "act": Choice(["a", "b"])}
 
@@ -101,14 +100,15 @@ def test_simulated_executor_is_deterministic_and_orders_by_finish_time():
     assert len({r["trial_id"] for r in runs[0].rows}) > 4
 
 
-def test_storage_writes_rows_and_state_and_loads_back(tmp_path):
+def test_storage_writes_rows_and_journal_and_loads_back(tmp_path):
     result = nasplat.run(trainer=Quadratic, space=SPACE, metric="score", max_trials=5, max_steps=2, seed=0,
                          storage=tmp_path, name="exp")
     folder = tmp_path / "exp"
     lines = (folder / "results.jsonl").read_text().splitlines()
     assert len(lines) == 10 and json.loads(lines[0])["trial_id"] == 0
-    state = pickle.loads((folder / STATE_FILE).read_bytes())
-    assert all(r.status == "completed" for r in state["trials"].values())
+    journal = [json.loads(line) for line in (folder / "journal.jsonl").read_text().splitlines()]
+    assert [entry["ask"] for entry in journal] == [0, 1, 2, 3, 4]
+    assert [entry["rows"] for entry in journal] == [0, 2, 4, 6, 8]  # one trial at a time, two rows each
     loaded = ExperimentResult.load(folder)
     assert loaded.best == result.best and loaded.metric == "score"
     with pytest.raises(FileExistsError, match="nasplat resume"):
@@ -133,8 +133,7 @@ class Crashy(Trainer):
 
 nasplat.run(trainer=Crashy, space={"x": Float(-2.0, 2.0), "k": Int(1, 5)}, metric="score",
             controller="evolution", controller_options={"population_size": 3, "sample_size": 2},
-            max_trials=10, max_steps=3, concurrency=2, seed=4, storage=sys.argv[1], name=sys.argv[2],
-            checkpoint_interval_s=0.0)
+            max_trials=10, max_steps=3, concurrency=2, seed=4, storage=sys.argv[1], name=sys.argv[2])
 """
 
 
@@ -220,3 +219,43 @@ def test_evolution_children_inherit_their_parents_state_where_it_fits(inherit):
                          controller_options={"population_size": 4, "sample_size": 2, "inherit_weights": inherit})
     check_inheritance(result.dataframe(), inherit)
     assert len(executor.kept) == (4 if inherit else 0)  # only the population's states are kept
+
+
+class PauseAtOne(nasplat.RandomSearch):
+    """Pauses every trial after its first step; of each three paused, resumes the best one."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.paused: dict[int, float] = {}
+
+    def on_result(self, trial_id, result):
+        if result.step == 1:
+            self.paused[trial_id] = result.metrics["score"]
+            return nasplat.controllers.PAUSE
+        return nasplat.controllers.CONTINUE
+
+    def promote(self):
+        if len(self.paused) < 3:
+            return None
+        best = max(self.paused, key=self.paused.get)
+        self.paused.clear()
+        return best
+
+
+def test_paused_trials_give_their_slot_back_and_resume_from_their_state_when_promoted(tmp_path):
+    controller = PauseAtOne(SPACE, metric="score", seed=0)
+    result = nasplat.run(trainer=Quadratic, controller=controller, max_trials=6, max_steps=3, storage=tmp_path,
+                         name="pause")
+    rows = result.rows
+    paused = [r["trial_id"] for r in rows if r["status"] == "paused"]
+    assert sorted(paused) == list(range(6))
+    completed = [r for r in rows if r["status"] == "completed"]
+    assert len(completed) == 2  # one promotion per three paused trials
+    for row in completed:  # it continued from its state: t counts on from the paused step
+        mine = [r for r in rows if r["trial_id"] == row["trial_id"]]
+        assert [(r["step"], r["t"], r["status"]) for r in mine] == [(1, 1, "paused"), (2, 2, "running"),
+                                                                   (3, 3, "completed")]
+    first_three = [r["score"] for r in rows if r["status"] == "paused"][:3]
+    assert completed[0]["trial_id"] == paused[first_three.index(max(first_three))]
+    journal = [json.loads(line) for line in (tmp_path / "pause" / "journal.jsonl").read_text().splitlines()]
+    assert [e["resume"] for e in journal if "resume" in e] == [c["trial_id"] for c in completed]

@@ -1,7 +1,7 @@
 """Search controllers: pure-Python ask/tell strategies, no Ray import."""
 
 from nasplat.controllers.base import (
-    CONTINUE, STOP, Continue, Controller, Decision, Exploit, Result, Stop, TrialSpec,
+    CONTINUE, PAUSE, STOP, Continue, Controller, Decision, Exploit, Pause, Result, Stop, TrialSpec,
 )
 from nasplat.controllers.evolution import RegularizedEvolution
 from nasplat.controllers.mo_evolution import MultiObjectiveEvolution
@@ -20,7 +20,7 @@ CONTROLLERS: dict[str, type[Controller]] = {
 }
 
 __all__ = [
-    "CONTINUE", "CONTROLLERS", "STOP", "Continue", "Controller", "Decision", "Exploit", "MultiObjectiveEvolution",
-    "OptunaSampler", "PopulationBasedTraining", "RandomSearch", "RegularizedEvolution", "Reinforce", "Result", "Stop",
-    "TrialSpec",
+    "CONTINUE", "CONTROLLERS", "PAUSE", "STOP", "Continue", "Controller", "Decision", "Exploit",
+    "MultiObjectiveEvolution", "OptunaSampler", "Pause", "PopulationBasedTraining", "RandomSearch",
+    "RegularizedEvolution", "Reinforce", "Result", "Stop", "TrialSpec",
 ]

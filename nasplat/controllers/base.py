@@ -53,9 +53,16 @@ class Exploit:
     config: Config
 
 
-Decision = Continue | Stop | Exploit
+@dataclass(frozen=True)
+class Pause:
+    """Stop the trial for now and keep its state (in memory where it fits, durably with storage); the controller
+    may resume it later through `promote` (asynchronous successive halving)."""
+
+
+Decision = Continue | Stop | Exploit | Pause
 CONTINUE = Continue()
 STOP = Stop()
+PAUSE = Pause()
 
 
 class Controller(ABC):
@@ -90,8 +97,14 @@ class Controller(ABC):
         """The next trial to run, or None when nothing should start now."""
 
     def tell(self, trial_id: int, result: Result) -> None:
-        """A trial ended with `result` (its last report, or a failure)."""
+        """A trial ended with `result` (its last report, or a failure). A paused trial has not ended: `tell` comes
+        only if it is resumed and ends, or fails."""
         self._objectives_of(trial_id, result)
+
+    def promote(self) -> int | None:
+        """A paused trial to resume now, asked before `ask` whenever a slot is free (also once the budget for new
+        trials is spent); the trial continues from its saved state at its next step. The default: none."""
+        return None
 
     def on_result(self, trial_id: int, result: Result) -> Decision:
         """An intermediate report; the default lets every trial run to its step budget."""

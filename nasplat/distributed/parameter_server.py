@@ -21,7 +21,7 @@ import cloudpickle
 import numpy as np
 import torch
 
-from nasplat.results import write_atomic
+from nasplat.storage import write_atomic
 
 Generation = tuple[int, int]  # (gang epoch: one per launch/exploit, re-initialisation within it)
 

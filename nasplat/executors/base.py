@@ -10,8 +10,22 @@ from nasplat.space import Config
 
 
 @dataclass(frozen=True)
+class Checkpoint:
+    """A trainer state written to storage: trial `trial_id` as it entered step `step + 1` (after step `step`, and
+    after an exploit's load where one came with that step). `uri` is where it lies once durable, `error` why the
+    write failed (then `uri` is None)."""
+
+    trial_id: int
+    step: int
+    uri: str | None = None
+    error: str | None = None
+
+
+@dataclass(frozen=True)
 class StepEvent:
-    """One finished step of a trial: its metrics, or the error that ended the attempt."""
+    """One finished step of a trial (its metrics, or the error that ended the attempt), and the checkpoints of the
+    trial that became durable (or failed) since the last event. An event with neither metrics nor error only reports
+    checkpoints (the final save of a trial that ended)."""
 
     trial_id: int
     metrics: dict[str, Any] | None
@@ -20,6 +34,7 @@ class StepEvent:
     end: float
     node: str = ""
     pid: int = 0
+    saved: tuple[Checkpoint, ...] = ()
 
 
 class Executor(ABC):
@@ -29,8 +44,9 @@ class Executor(ABC):
     kept: dict[int, Any]  # trial id -> final state handle (see `stop`)
 
     @abstractmethod
-    def open(self, trainer: type, experiment: str) -> None:
-        """Get ready to run `trainer` trials for the experiment named `experiment`."""
+    def open(self, trainer: type, experiment: str, checkpoints: Any = None) -> None:
+        """Get ready to run `trainer` trials for the experiment named `experiment`; `checkpoints` (a
+        `nasplat.storage.Storage`, or None) is where `save` requests write trainer states."""
 
     def reserve(self, slots: int) -> None:
         """Start `slots` trial slots now and wait until they are up, so that trials launched together start
@@ -42,23 +58,29 @@ class Executor(ABC):
 
     @abstractmethod
     def launch(self, trial_id: int, config: Config, seed: int, state: Any = None, inherit: bool = False) -> None:
-        """Set the trial up and start its first step. `state` (a handle from `exploit` or `kept_state`) is loaded
-        whole, or with `inherit` passed to `Trainer.inherit_state` (a parent's state that may not fit)."""
+        """Set the trial up and start its first step. `state` (a handle from `exploit` or `kept_state`, or a durable
+        `Checkpoint`) is loaded whole, or with `inherit` passed to `Trainer.inherit_state` (a parent's state that
+        may not fit)."""
 
     @abstractmethod
-    def step(self, trial_id: int, snapshot: bool = False) -> None:
-        """Start the trial's next step; with `snapshot`, first keep a copy of its current state for `exploit`."""
+    def step(self, trial_id: int, snapshot: bool = False, save: int | None = None) -> None:
+        """Start the trial's next step; with `snapshot`, first keep a copy of its current state for `exploit`; with
+        `save=k`, first copy its state and write it to storage as its checkpoint of step k, off the training path
+        (the write goes on while the step runs; a later event reports it in `StepEvent.saved`)."""
 
     @abstractmethod
-    def exploit(self, trial_id: int, donor_id: int, config: Config) -> Any:
+    def exploit(self, trial_id: int, donor_id: int, config: Config, save: int | None = None,
+                fallback: Checkpoint | None = None) -> Any:
         """Copy `donor_id`'s state (its latest snapshot, else its current state) into the trial, put `config` in
-        effect, start its next step.
+        effect, (with `save=k`, checkpoint the loaded state as step k,) start its next step. Where the donor's
+        in-memory state is lost (its node died), load its durable checkpoint `fallback` instead.
 
         Returns a handle to the donor state it loaded: a retry of the trial restarts from it."""
 
     @abstractmethod
-    def stop(self, trial_id: int, keep_state: bool = False) -> None:
-        """End the trial and free what it held; with `keep_state`, keep a handle to its final state first."""
+    def stop(self, trial_id: int, keep_state: bool = False, save: int | None = None) -> None:
+        """End the trial and free what it held; with `keep_state`, keep a handle to its final state first; with
+        `save=k`, write its final state as its checkpoint of step k (reported by a later event, like `step`'s)."""
 
     def kept_state(self, trial_id: int) -> Any:
         """The final state kept by `stop(trial_id, keep_state=True)`, or None."""
@@ -71,7 +93,8 @@ class Executor(ABC):
 
     @abstractmethod
     def wait(self) -> list[StepEvent]:
-        """Block until at least one started step finishes; return every finished one."""
+        """Block until at least one started step or requested save finishes; return every finished one. Every save
+        requested is reported once, durable or failed."""
 
     def close(self) -> None:
         """Release everything."""

@@ -11,7 +11,7 @@ import traceback
 from collections import deque
 from typing import Any
 
-from nasplat.executors.base import Executor, StepEvent
+from nasplat.executors.base import Checkpoint, Executor, StepEvent
 from nasplat.space import Config
 from nasplat.trainer import Trainer, WorkerContext, start
 
@@ -27,10 +27,11 @@ class LocalExecutor(Executor):
         self.kept: dict[int, Any] = {}
         self.queue: deque[int] = deque()
         self.failed_setup: dict[int, str] = {}
+        self.saves: list[Checkpoint] = []  # requested saves not yet reported
         self.node, self.pid = socket.gethostname(), os.getpid()
 
-    def open(self, trainer: type, experiment: str) -> None:
-        self.trainer_cls, self.experiment = trainer, experiment
+    def open(self, trainer: type, experiment: str, checkpoints: Any = None) -> None:
+        self.trainer_cls, self.experiment, self.checkpoints = trainer, experiment, checkpoints
         self.t0 = time.perf_counter()
 
     def now(self) -> float:
@@ -47,10 +48,16 @@ class LocalExecutor(Executor):
             self.failed_setup[trial_id] = traceback.format_exc()
         self.step(trial_id)
 
-    def step(self, trial_id: int, snapshot: bool = False) -> None:
+    def step(self, trial_id: int, snapshot: bool = False, save: int | None = None) -> None:
+        self._save(trial_id, save)
         self.queue.append(trial_id)
 
-    def exploit(self, trial_id: int, donor_id: int, config: Config) -> Any:
+    def _save(self, trial_id: int, step: int | None) -> None:
+        if step is not None:
+            self.saves.append(Checkpoint(trial_id, step, None, "this executor does not write checkpoints yet"))
+
+    def exploit(self, trial_id: int, donor_id: int, config: Config, save: int | None = None,
+                fallback: Checkpoint | None = None) -> Any:
         trainer = self.trainers[trial_id]
         state = copy.deepcopy(self.trainers[donor_id].state_dict())
         try:
@@ -59,10 +66,11 @@ class LocalExecutor(Executor):
             trainer.config = config
         except Exception:
             self.failed_setup[trial_id] = traceback.format_exc()
-        self.step(trial_id)
+        self.step(trial_id, save=save)
         return state
 
-    def stop(self, trial_id: int, keep_state: bool = False) -> None:
+    def stop(self, trial_id: int, keep_state: bool = False, save: int | None = None) -> None:
+        self._save(trial_id, save)
         trainer = self.trainers.pop(trial_id, None)
         if keep_state and trainer is not None:
             self.kept[trial_id] = copy.deepcopy(trainer.state_dict())
@@ -79,6 +87,9 @@ class LocalExecutor(Executor):
         return StepEvent(trial_id, metrics, error, begin, self.now(), self.node, self.pid)
 
     def wait(self) -> list[StepEvent]:
+        if self.saves:
+            saves, self.saves = self.saves, []
+            return [StepEvent(c.trial_id, None, None, self.now(), self.now(), saved=(c,)) for c in saves]
         if not self.queue:
             raise RuntimeError("wait() called with no step running")
         return [self.run_step(self.queue.popleft())]
@@ -99,29 +110,35 @@ class SimulatedExecutor(LocalExecutor):
         self.heap: list[tuple[float, int, StepEvent]] = []
         self.sequence = 0
 
-    def open(self, trainer: type, experiment: str) -> None:
-        super().open(trainer, experiment)
+    def open(self, trainer: type, experiment: str, checkpoints: Any = None) -> None:
+        super().open(trainer, experiment, checkpoints)
         self.clock = 0.0
 
     def now(self) -> float:
         return self.clock
 
-    def step(self, trial_id: int, snapshot: bool = False) -> None:
+    def step(self, trial_id: int, snapshot: bool = False, save: int | None = None) -> None:
+        self._save(trial_id, save)
         event = self.run_step(trial_id)
         cost = 0.0
         if event.metrics is not None:
             try:
                 cost = float(event.metrics[self.cost_key])
-            except (KeyError, TypeError, ValueError):
-                event = StepEvent(trial_id, None, f"the simulated executor needs a numeric {self.cost_key!r} metric "
-                                  f"(simulated seconds of the step), got metrics {event.metrics!r}",
+                if not cost > 0 or cost == float("inf"):
+                    raise ValueError
+            except (KeyError, TypeError, ValueError, OverflowError):
+                event = StepEvent(trial_id, None, f"the simulated executor needs a finite {self.cost_key!r} metric > 0 "
+                                  f"(simulated seconds of the step), got {event.metrics.get(self.cost_key)!r}",
                                   event.start, event.end)
-        finish = self.clock + max(cost, 0.0)
+                cost = 0.0
+        finish = self.clock + cost
         event = StepEvent(trial_id, event.metrics, event.error, self.clock, finish, event.node, event.pid)
         heapq.heappush(self.heap, (finish, self.sequence, event))
         self.sequence += 1
 
     def wait(self) -> list[StepEvent]:
+        if self.saves:
+            return super().wait()
         if not self.heap:
             raise RuntimeError("wait() called with no step running")
         finish, _, event = heapq.heappop(self.heap)

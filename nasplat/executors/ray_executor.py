@@ -13,7 +13,7 @@ import ray
 import ray.cloudpickle
 
 from nasplat.distributed.gang import Gang
-from nasplat.executors.base import Executor, StepEvent
+from nasplat.executors.base import Checkpoint, Executor, StepEvent
 from nasplat.space import Config
 
 
@@ -68,12 +68,13 @@ class RayExecutor(Executor):
         self.gangs_started = 0
 
     # -- lifecycle ---------------------------------------------------------------------------------
-    def open(self, trainer: type, experiment: str) -> None:
+    def open(self, trainer: type, experiment: str, checkpoints: Any = None) -> None:
         if not ray.is_initialized():
             address = self.address or os.environ.get("RAY_ADDRESS")
             ray.init(address=address, **self.init_options)
         _ship_by_value(trainer)
-        self.trainer_cls, self.experiment = trainer, experiment
+        self.trainer_cls, self.experiment, self.checkpoints = trainer, experiment, checkpoints
+        self.saves: list[Checkpoint] = []
         if self.requested_concurrency is None:
             cpus = ray.cluster_resources().get("CPU", 1)
             per_trial = self.gang_options["cpus_per_worker"] * self.gang_options["workers"]
@@ -111,20 +112,28 @@ class RayExecutor(Executor):
         self.busy[trial_id] = slot
         self._track(trial_id, slot.gang.launch(trial_id, config, seed, state, inherit))
 
-    def step(self, trial_id: int, snapshot: bool = False) -> None:
+    def _save(self, trial_id: int, step: int | None) -> None:
+        if step is not None:
+            self.saves.append(Checkpoint(trial_id, step, None, "this executor does not write checkpoints yet"))
+
+    def step(self, trial_id: int, snapshot: bool = False, save: int | None = None) -> None:
+        self._save(trial_id, save)
         slot = self.busy[trial_id]
         if snapshot:  # rank 0 puts its state in the object store before it steps on; the driver holds the reference
             slot.snapshot = slot.gang.state()
         self._track(trial_id, slot.gang.step())
 
-    def exploit(self, trial_id: int, donor_id: int, config: Config) -> Any:
+    def exploit(self, trial_id: int, donor_id: int, config: Config, save: int | None = None,
+                fallback: Checkpoint | None = None) -> Any:
+        self._save(trial_id, save)
         donor, receiver = self.busy[donor_id], self.busy[trial_id]
         state = donor.snapshot if donor.snapshot is not None else donor.gang.state()
         receiver.snapshot = None
         self._track(trial_id, receiver.gang.exploit(state, config))
         return state
 
-    def stop(self, trial_id: int, keep_state: bool = False) -> None:
+    def stop(self, trial_id: int, keep_state: bool = False, save: int | None = None) -> None:
+        self._save(trial_id, save)
         slot = self.busy.pop(trial_id, None)
         if slot is None:
             return
@@ -139,6 +148,9 @@ class RayExecutor(Executor):
         self.inflight[refs[0]] = _Step(trial_id, refs, self.now())
 
     def wait(self) -> list[StepEvent]:
+        if self.saves:
+            saves, self.saves = self.saves, []
+            return [StepEvent(c.trial_id, None, None, self.now(), self.now(), saved=(c,)) for c in saves]
         if not self.inflight:
             raise RuntimeError("wait() called with no step running")
         pending = list(self.inflight)

@@ -1,0 +1,161 @@
+"""File names of an experiment folder, atomic writes, the folder lock, reading JSON and JSON lines."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import socket
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+ROWS_FILE, JOURNAL_FILE, META_FILE, LOCK_FILE = "results.jsonl", "journal.jsonl", "meta.json", "lock"
+SPEC_JSON, SPEC_PICKLE = "experiment.json", "experiment.pkl"
+CHECKPOINTS = "checkpoints"
+APPEND_ONLY = (ROWS_FILE, JOURNAL_FILE)
+WHOLE_FILES = (SPEC_JSON, SPEC_PICKLE, META_FILE)
+
+
+def is_uri(location: str | Path) -> bool:
+    """Whether `location` names a filesystem by scheme (`s3://...`) rather than a local path."""
+    return "://" in str(location)
+
+
+def write_atomic(path: str | Path, payload: bytes) -> None:
+    """Write `payload` to a uniquely named temp file beside `path`, fsync, rename: readers see old or new, whole."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(payload)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    fsync_dir(path.parent)
+
+
+def fsync_dir(folder: str | Path) -> None:
+    """Make a rename or a new file in `folder` durable."""
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class FolderInUse(RuntimeError):
+    """Another live driver holds the experiment folder."""
+
+
+class FolderLock:
+    """An exclusive `flock` on `<folder>/lock` naming its holder (host and pid). The kernel drops it when the holder
+    dies, so a stale lock left by a killed driver is taken over by the next one."""
+
+    def __init__(self, folder: Path) -> None:
+        self.path = folder / LOCK_FILE
+        self.file: Any = None
+
+    def acquire(self) -> None:
+        file = open(self.path, "a+", encoding="utf-8")
+        try:
+            fcntl.flock(file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            file.seek(0)
+            holder = file.read().strip() or "unknown"
+            file.close()
+            raise FolderInUse(f"{self.path.parent} is in use by another nasplat driver ({holder}); wait for it to "
+                               "end or stop it, then `nasplat resume` this folder") from None
+        file.seek(0)
+        file.truncate()
+        file.write(f"host {socket.gethostname()} pid {os.getpid()} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+        file.flush()
+        self.file = file
+
+    def release(self) -> None:
+        if self.file is not None:
+            fcntl.flock(self.file.fileno(), fcntl.LOCK_UN)
+            self.file.close()
+            self.file = None
+
+
+def local_copy(uri: str) -> Path:
+    """Where the driver keeps its working copy of the remote experiment `uri` (`$NASPLAT_CACHE`, default
+    `~/.cache/nasplat`)."""
+    base = Path(os.environ.get("NASPLAT_CACHE", Path.home() / ".cache" / "nasplat"))
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in uri)
+    return base / safe
+
+
+def read_json(path: Path) -> Any:
+    """A JSON file; a broken one gets an error naming the file."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{path}: cannot read it as JSON ({exc})") from None
+
+
+def scratch_folder(prefix: str) -> Path:
+    """A fresh temporary folder (for parameter-server snapshots of runs without storage)."""
+    return Path(tempfile.mkdtemp(prefix=prefix))
+
+
+class RowLog:
+    """An append-only JSON-lines file: every line is written and flushed as it comes (a killed process loses
+    none), and fsynced by `sync` (an OS crash loses at most what came since)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.file = open(path, "a", encoding="utf-8")
+        self.lines = 0
+
+    def append(self, item: dict[str, Any]) -> None:
+        self.file.write(json.dumps(item, default=json_default, allow_nan=True) + "\n")
+        self.file.flush()
+        self.lines += 1
+
+    def sync(self) -> None:
+        if self.file is not None:
+            self.file.flush()
+            os.fsync(self.file.fileno())
+
+    def close(self) -> None:
+        if self.file is not None:
+            self.sync()
+            self.file.close()
+            self.file = None
+
+
+def read_rows(path: Path, *, complete: bool = False) -> list[dict[str, Any]]:
+    """The JSON lines of `path`. A last line without its newline (a write cut short by a kill) is left out, or with
+    `complete` the file is cut back to the last whole line. Any other bad line raises an error naming file and line."""
+    rows: list[dict[str, Any]] = []
+    with open(path, "rb") as f:
+        data = f.read()
+    end = data.rfind(b"\n") + 1
+    for number, line in enumerate(data[:end].splitlines(), start=1):
+        try:
+            row = json.loads(line)
+        except ValueError as exc:
+            raise ValueError(f"{path}, line {number}: not a JSON object ({exc}); fix or delete that line") from None
+        if not isinstance(row, dict):
+            raise ValueError(f"{path}, line {number}: expected a JSON object, got {type(row).__name__}")
+        rows.append(row)
+    if complete and end < len(data):
+        with open(path, "r+b") as f:
+            f.truncate(end)
+            os.fsync(f.fileno())
+    return rows
+
+
+def json_default(value: Any) -> Any:
+    if hasattr(value, "item"):
+        return value.item()
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    return repr(value)
