@@ -8,7 +8,7 @@ from nasplat.controllers import (
 )
 from nasplat.integrations.optuna_export import to_optuna
 from nasplat.interop import space_from_optuna, space_from_tune
-from nasplat.engine import ExperimentFailed
+from nasplat.trials import ExperimentFailed
 from nasplat.results import ExperimentResult
 from nasplat.space import Choice, Float, Int, Space
 from nasplat.trainer import Trainer, WorkerContext

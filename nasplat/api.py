@@ -15,7 +15,8 @@ import cloudpickle
 
 from nasplat.checkpoint import CheckpointPolicy
 from nasplat.controllers import CONTROLLERS, Controller
-from nasplat.engine import Budget, Engine
+from nasplat.engine import Engine
+from nasplat.trials import Budget
 from nasplat.executors.base import Executor
 from nasplat.executors.local import LocalExecutor, SimulatedExecutor
 from nasplat.results import ExperimentResult

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import nasplat
 from nasplat.experiment import load_experiment
-from nasplat.engine import ExperimentFailed
+from nasplat.trials import ExperimentFailed
 from nasplat.results import ExperimentResult
 from nasplat.storage import FolderInUse
 

@@ -1,18 +1,13 @@
 """The one loop every executor shares: ask the controller, dispatch, gather, decide, record.
 
-Rows and journal entries leave through an outbox in the order the controller saw them; a row whose step is being
-checkpointed waits there (and every later entry with it) until the checkpoint is durable. So what is on disk is
-always a prefix of what happened, a running trial's last recorded step always has its checkpoint, and
-`nasplat resume` rebuilds the controller exactly by replaying rows and journal (`nasplat.replay`).
+Rows and journal entries go out through `nasplat.outbox` in the order the controller saw them, each row after its
+checkpoint, so that `nasplat resume` rebuilds the controller exactly by replaying them (`nasplat.replay`).
 """
 
 from __future__ import annotations
 
-import math
 import sys
 import time
-from collections import deque
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -22,50 +17,10 @@ from nasplat.checkpoint import CheckpointPolicy
 from nasplat.controllers.base import Controller, Decision, Exploit, Pause, Result, Stop, TrialSpec
 from nasplat.executors.base import Checkpoint, Executor, StepEvent
 from nasplat.metrics import MetricError, clean_metrics
+from nasplat.outbox import Outbox
+from nasplat.trials import Budget, ExperimentFailed, TrialRecord, is_int
 from nasplat.results import ExperimentResult, better
-from nasplat.space import Config
 from nasplat.storage import ExperimentFolder, Storage
-
-
-@dataclass
-class TrialRecord:
-    """The engine's view of one trial."""
-
-    trial_id: int
-    config: Config
-    parent_id: int | None = None
-    status: str = "running"  # running | paused | completed | stopped | failed
-    step: int = 0
-    attempt: int = 0
-    metrics: dict[str, Any] = field(default_factory=dict)
-    error: str | None = None
-    restart: tuple[Any, int] | None = None  # (in-memory state handle, step) a retry may start from, set by exploits
-    checkpoint: Checkpoint | None = None  # the latest durable checkpoint
-    inherit: Any = None  # the parent's final state handle the trial starts from (evolution's inherit_weights)
-
-
-@dataclass
-class Budget:
-    """When to stop asking for trials: after `max_trials` trials and/or `time_s` seconds on the executor clock."""
-
-    max_trials: int | None = None
-    time_s: float | None = None
-    max_steps: int = 1
-
-    def __post_init__(self) -> None:
-        if self.max_trials is None and self.time_s is None:
-            raise ValueError("a budget needs `max_trials` and/or `time_budget_s`; got neither")
-        if self.max_trials is not None and not _is_int(self.max_trials, 1):
-            raise ValueError(f"`max_trials` must be an integer >= 1, got {self.max_trials!r}")
-        if self.time_s is not None and (isinstance(self.time_s, bool) or not isinstance(self.time_s, (int, float))
-                                        or not self.time_s > 0 or not math.isfinite(self.time_s)):
-            raise ValueError(f"`time_budget_s` must be a number > 0, got {self.time_s!r}")
-        if not _is_int(self.max_steps, 1):
-            raise ValueError(f"`max_steps` must be an integer >= 1, got {self.max_steps!r}")
-
-
-class ExperimentFailed(RuntimeError):
-    """More trials failed than `max_failed_trials` allows; the message sums up the first errors."""
 
 
 class Engine:
@@ -75,9 +30,9 @@ class Engine:
                  name: str = "experiment", seed: int = 0, max_failures: int = 0, max_failed_trials: int | None = 10,
                  folder: ExperimentFolder | None = None, checkpoint: CheckpointPolicy | None = None,
                  progress: bool = False) -> None:
-        if not _is_int(max_failures, 0):
+        if not is_int(max_failures, 0):
             raise ValueError(f"`max_failures` must be an integer >= 0, got {max_failures!r}")
-        if max_failed_trials is not None and not _is_int(max_failed_trials, 0):
+        if max_failed_trials is not None and not is_int(max_failed_trials, 0):
             raise ValueError(f"`max_failed_trials` must be an integer >= 0 or None, got {max_failed_trials!r}")
         if checkpoint is not None and folder is None:
             raise ValueError("checkpoints need `storage`: set `storage` or drop `checkpoint`")
@@ -87,9 +42,7 @@ class Engine:
         self.objectives: tuple[str, ...] = tuple(getattr(controller, "metrics", (controller.metric,)))
         self.trials: dict[int, TrialRecord] = {}
         self.active: set[int] = set()  # ids of running trials
-        self.rows: list[dict[str, Any]] = []  # rows recorded (out of the outbox), in order
-        self.outbox: deque[tuple[str, dict[str, Any], tuple[int, int] | None]] = deque()
-        self.saving: set[tuple[int, int]] = set()  # (trial, step) checkpoints requested and not yet reported
+        self.outbox = Outbox(folder, self._recorded)
         self.clock_offset = 0.0
         self.exploits = 0
         self.failed_errors: list[tuple[int, str]] = []  # (trial, error) of trials that ended failed
@@ -119,7 +72,7 @@ class Engine:
             while True:
                 if not self.failed_out():
                     self._fill()
-                if not self.active and not self.saving:
+                if not self.active and not self.outbox.waiting:
                     break
                 if self.failed_out() and self.active:
                     for trial_id in list(self.active):  # left running: `nasplat resume` may continue them
@@ -140,8 +93,7 @@ class Engine:
         """Flush what may go out, release the folder and the executor, tell the listeners; each part runs even if
         an earlier one fails."""
         try:
-            self.saving.clear()
-            self._flush()
+            self.outbox.forget()
             self._print_progress(final=True)
         finally:
             try:
@@ -194,7 +146,7 @@ class Engine:
             promoted = self.controller.promote() if self.time_left() else None
             if promoted is not None:
                 record = self.resume_trial(promoted)
-                self._emit("ask", {"resume": promoted, "rows": None, "time": round(self.now(), 6)})
+                self.outbox.ask({"resume": promoted, "rows": None, "time": round(self.now(), 6)})
                 kept = self.executor.kept.pop(promoted, None)
                 if kept is not None:
                     record.restart = (kept, record.step)
@@ -206,7 +158,7 @@ class Engine:
             if spec is None:
                 return
             record = self.add_trial(spec)
-            self._emit("ask", {"ask": spec.trial_id, "rows": None, "time": round(self.now(), 6)})
+            self.outbox.ask({"ask": spec.trial_id, "rows": None, "time": round(self.now(), 6)})
             if spec.inherit_from is not None:
                 record.inherit = self.executor.kept_state(spec.inherit_from)
             self._launch(record)
@@ -252,7 +204,7 @@ class Engine:
             self._saved(checkpoint)
         record = self.trials.get(event.trial_id)
         if (event.metrics is None and event.error is None) or record is None or record.trial_id not in self.active:
-            self._flush()
+            self.outbox.flush()
             return
         if event.error is not None:
             self._fail(record, event, event.error, retry=True)
@@ -271,7 +223,7 @@ class Engine:
             record.step, perturbation=perturbation, ending=status != "running") else None
         if status == "paused" and self.folder is not None:
             save = record.step  # a paused trial's state is kept durably always, in memory where it fits
-        self._emit("row", row, wait=(record.trial_id, save) if save is not None else None)
+        self.outbox.row(row, wait=(record.trial_id, save) if save is not None else None)
         if status == "paused":
             self.executor.stop(record.trial_id, keep_state=True, save=save)
         elif status != "running":
@@ -313,9 +265,9 @@ class Engine:
         self.controller.tell(record.trial_id, result)
 
     def _fail(self, record: TrialRecord, event: StepEvent, error: str, *, retry: bool) -> None:
-        self._drop_saves(record.trial_id)
+        self.outbox.forget(record.trial_id)  # its attempt's unfinished checkpoints will never be reported
         if retry and record.attempt < self.max_failures:
-            self._emit("row", self._row(record, event, "retried", record.step + 1, {}, error=error))
+            self.outbox.row(self._row(record, event, "retried", record.step + 1, {}, error=error))
             record.attempt += 1
             if record.restart is not None and record.checkpoint is not None \
                     and record.checkpoint.step >= record.restart[1]:
@@ -323,7 +275,7 @@ class Engine:
             self.executor.stop(record.trial_id)
             self._launch(record)
             return
-        self._emit("row", self._row(record, event, "failed", record.step + 1, {}, error=error))
+        self.outbox.row(self._row(record, event, "failed", record.step + 1, {}, error=error))
         self.end(record, "failed", Result({}, record.step + 1, failed=True, error=error))
         self._release(record, None)
 
@@ -345,29 +297,14 @@ class Engine:
         row.update(metrics)
         return row
 
-    # -- the outbox and checkpoints ----------------------------------------------------------------
-    def _emit(self, kind: str, item: dict[str, Any], wait: tuple[int, int] | None = None) -> None:
-        if wait is not None:
-            self.saving.add(wait)
-        self.outbox.append((kind, item, wait))
-        self._flush()
+    # -- recording and checkpoints -------------------------------------------------------------------
+    @property
+    def rows(self) -> list[dict[str, Any]]:
+        """The rows recorded so far, in order."""
+        return self.outbox.rows
 
-    def _flush(self) -> None:
-        """Record every outbox entry up to the first that waits for a checkpoint not yet reported."""
-        while self.outbox and (self.outbox[0][2] is None or self.outbox[0][2] not in self.saving):
-            kind, item, _ = self.outbox.popleft()
-            if kind == "ask":  # a trial proposed, or resumed
-                item["rows"] = len(self.rows)
-                if self.folder is not None:
-                    self.folder.append_journal(item)
-            else:
-                self.record(item)
-
-    def record(self, row: dict[str, Any]) -> None:
-        """A row leaves the outbox: append it, note the best, tell the listeners."""
-        self.rows.append(row)
-        if self.folder is not None:
-            self.folder.append_row(row)
+    def _recorded(self, row: dict[str, Any]) -> None:
+        """A row went out: note the best, tell the listeners."""
         self.note_best(row)
         for listener in self.listeners:
             listener.on_row(self, row)
@@ -381,27 +318,24 @@ class Engine:
             self.best_row = row
 
     def _saved(self, checkpoint: Checkpoint) -> None:
-        """A requested checkpoint is durable (or failed): its row may go out, older ones of the trial go."""
-        key = (checkpoint.trial_id, checkpoint.step)
-        self.saving.discard(key)
+        """A requested checkpoint is durable (or failed): its row may go out, the trial's older one goes."""
+        self.outbox.saved((checkpoint.trial_id, checkpoint.step), checkpoint.uri)
         if checkpoint.uri is None:
             print(f"[nasplat {self.name}] checkpoint of trial {checkpoint.trial_id} at step {checkpoint.step} "
                   f"failed: {_last_line(checkpoint.error or '')}", file=sys.stderr, flush=True)
             return
-        for kind, item, wait in self.outbox:
-            if wait == key:
-                item["checkpoint"] = checkpoint.uri
         record = self.trials.get(checkpoint.trial_id)
         if record is None:
             return
         previous, record.checkpoint = record.checkpoint, checkpoint
         if previous is not None and previous.uri != checkpoint.uri:
             _delete(previous)
-        if record.status != "running":
+        if self.policy is not None and record.status in ("completed", "stopped"):
             self._prune()
 
     def _prune(self) -> None:
-        """Keep the checkpoints of the `keep_best` best ended trials (and of every running one); delete the rest."""
+        """Keep the checkpoints of the `keep_best` best ended trials (and of every running or paused one); delete
+        the rest."""
         assert self.policy is not None
         scored = [(r.metrics[self.controller.metric], r.trial_id) for r in self.trials.values()
                   if r.status in ("completed", "stopped") and r.checkpoint is not None
@@ -412,11 +346,6 @@ class Engine:
             if record.checkpoint is not None:
                 _delete(record.checkpoint)
                 record.checkpoint = None
-
-    def _drop_saves(self, trial_id: int) -> None:
-        """A trial's attempt failed: checkpoints it had not finished will never be reported."""
-        self.saving = {key for key in self.saving if key[0] != trial_id}
-        self._flush()
 
     def result(self) -> ExperimentResult:
         return ExperimentResult(list(self.rows), self.controller.metric, self.controller.mode,
@@ -445,10 +374,6 @@ class Engine:
             self._last_progress = now
             end = "\n" if final or not sys.stderr.isatty() else "\r"
             print(self.progress_line(), end=end, file=sys.stderr, flush=True)
-
-
-def _is_int(value: Any, low: int) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= low
 
 
 def _last_line(text: str) -> str:

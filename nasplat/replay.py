@@ -127,7 +127,7 @@ def _apply(engine: Engine, row: dict[str, Any], index: int) -> int:
             engine.end(record, status, Result(metrics, step))
     if row.get("checkpoint"):
         record.checkpoint = Checkpoint(trial_id, step, row["checkpoint"])
-    engine.rows.append(row)
+    engine.outbox.rows.append(row)
     engine.note_best(row)
     return mismatch
 
