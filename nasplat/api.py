@@ -110,7 +110,7 @@ def run(*, trainer: type | str, controller: str | type | Controller = "random", 
         plain = _plain_json(spec)
         files.update({SPEC_JSON: plain.encode()} if plain is not None else {SPEC_PICKLE: _pickled(spec)})
         folder.create(files)
-    return _run(_engine(built, folder, progress))
+    return _engine(built, folder, progress).run()
 
 
 def resume(location: str | Path, *, progress: bool = False) -> ExperimentResult:
@@ -128,15 +128,7 @@ def resume(location: str | Path, *, progress: bool = False) -> ExperimentResult:
         raise
     if progress:
         print(f"[nasplat {engine.name}] {line}", file=sys.stderr, flush=True)
-    return _run(engine)
-
-
-def _run(engine: Engine) -> ExperimentResult:
-    """`engine.run()`, its result told every objective and constraint of the controller."""
-    result = engine.run()
-    controller = engine.controller
-    result.metrics, result.modes, result.constraints = controller.metrics, controller.modes, controller.constraints
-    return result
+    return engine.run()
 
 
 def read_spec(path: Path) -> dict[str, Any]:

@@ -39,7 +39,9 @@ class Engine:
         self.controller, self.executor, self.trainer, self.budget = controller, executor, trainer, budget
         self.name, self.seed, self.max_failures, self.max_failed_trials = name, seed, max_failures, max_failed_trials
         self.folder, self.policy, self.progress = folder, checkpoint, progress
-        self.objectives: tuple[str, ...] = tuple(getattr(controller, "metrics", (controller.metric,)))
+        # every step must report these as finite real numbers: the objectives and the metrics constraints bound
+        self.objectives: tuple[str, ...] = tuple(dict.fromkeys(
+            [*controller.metrics, *(constraint.metric for constraint in controller.constraints)]))
         self.trials: dict[int, TrialRecord] = {}
         self.active: set[int] = set()  # ids of running trials
         self.outbox = Outbox(folder, self._recorded)
@@ -348,8 +350,10 @@ class Engine:
                 record.checkpoint = None
 
     def result(self) -> ExperimentResult:
-        return ExperimentResult(list(self.rows), self.controller.metric, self.controller.mode,
-                                self.folder.path if self.folder is not None else None, dict(self.trials))
+        """The rows so far, ranked by the controller's objectives and constraints."""
+        c = self.controller
+        return ExperimentResult(list(self.rows), c.metric, c.mode, self.path, dict(self.trials), metrics=c.metrics,
+                                modes=c.modes, constraints=c.constraints)
 
     # -- console ---------------------------------------------------------------------------------
     def progress_line(self) -> str:
