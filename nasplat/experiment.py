@@ -9,7 +9,7 @@ from typing import Any
 import yaml
 
 TOP_KEYS = ("name", "trainer", "space", "metric", "mode", "controller", "budget", "resources", "executor", "storage",
-            "seed", "max_failures")
+            "seed", "max_failures", "scheduler")
 REQUIRED = ("trainer", "space", "metric", "controller", "budget")
 BUDGET_KEYS = ("max_trials", "time_budget_s", "max_steps")
 RESOURCE_KEYS = ("concurrency", "cpus_per_trial", "gpus_per_trial", "workers", "backend", "strategy", "backend_options")
@@ -61,6 +61,8 @@ def experiment_kwargs(spec: Mapping[str, Any], *, source: str = "experiment") ->
         name=spec.get("name"), storage=spec.get("storage"),
         concurrency=resources.get("concurrency", 1 if executor != "ray" else None),
     )
+    if spec.get("scheduler") is not None:  # a name, or a mapping of a name and options: checked by nasplat.run
+        kwargs["scheduler"] = spec["scheduler"]
     if executor == "ray":
         kwargs["executor_options"] = ray_options
     return kwargs
