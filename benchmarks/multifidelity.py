@@ -97,7 +97,7 @@ def run_nasplat(name: str, options: dict[str, Any], seed: int, args: argparse.Na
     wall = time.perf_counter() - began
     rows = [r for r in result.rows if r["status"] not in ("failed", "retried")]
     out = {**curve(rows), "wall": wall, "trials": len({r["trial_id"] for r in rows})}
-    if "evolution" in name:  # the rung each parent reached against the rung of every trial: who wins tournaments
+    if name.startswith("asha-evolution"):  # the rung each parent reached against the rung of every trial: who wins tournaments
         steps = {}
         for row in rows:
             steps[row["trial_id"]] = max(steps.get(row["trial_id"], 0), row["step"])
@@ -145,9 +145,9 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--max-steps", type=int, default=27, help="epochs of a full-fidelity trial")
     parser.add_argument("--full-trials", type=int, default=4, help="trials of full-fidelity random search")
-    parser.add_argument("--trials", type=int, default=16, help="new trials of each multi-fidelity method")
-    parser.add_argument("--population", type=int, default=8, help="evolution's population")
-    parser.add_argument("--train-size", type=int, default=1000, help="training signals (of MNIST-1D's 4,000)")
+    parser.add_argument("--trials", type=int, default=12, help="new trials of each multi-fidelity method")
+    parser.add_argument("--population", type=int, default=6, help="evolution's population")
+    parser.add_argument("--train-size", type=int, default=500, help="training signals (of MNIST-1D's 4,000)")
     parser.add_argument("--valid-size", type=int, default=1000, help="held-out validation signals")
     parser.add_argument("--concurrency", type=int, default=2)
     parser.add_argument("--cpus", type=int, default=2)
@@ -177,30 +177,46 @@ def report(results: dict[str, list[dict[str, Any]]], args: argparse.Namespace) -
           f"{args.concurrency}, train {args.train_size} / valid {args.valid_size} / test 1000 signals (means)")
     print(f"{'method':<24}{'trials':>7}{'epochs':>8}{'best valid':>12}{'its test':>10}{'wall s':>9}")
     for name in results:
-        print(f"{name:<24}{mean(name, 'trials'):>7.1f}{mean(name, 'epochs'):>8.1f}{100 * mean(name, 'best_valid'):>12.2f}"
-              f"{100 * mean(name, 'best_test'):>10.2f}{mean(name, 'wall'):>9.1f}")
+        print(f"{name:<24}{mean(name, 'trials'):>7.1f}{mean(name, 'epochs'):>8.1f}"
+              f"{100 * mean(name, 'best_valid'):>12.2f}{100 * mean(name, 'best_test'):>10.2f}{mean(name, 'wall'):>9.1f}")
     for name in results:
         if "parent_epochs" in results[name][0]:
-            print(f"{name}: parents chosen by the tournament trained {mean(name, 'parent_epochs'):.1f} epochs on "
-                  f"average, trials {mean(name, 'trial_epochs'):.1f}")
-    asha = [n for n in results if n.startswith("asha-")]
-    full_epochs, full_best = mean("full", "epochs"), mean("full", "best_valid")
-    # the ASHA variant that reaches full random search's best (within 0.3 points) with the fewest epochs
-    reaching = [n for n in asha if mean(n, "best_valid") >= full_best - 0.003] or asha
-    cheapest = min(reaching, key=lambda n: mean(n, "epochs"))
+            print(f"{name}: the parents evolution's tournaments chose had trained {mean(name, 'parent_epochs'):.1f} "
+                  f"epochs on average, all its trials {mean(name, 'trial_epochs'):.1f}")
+    full = results["full"]
+    full_epochs, third = mean("full", "epochs"), int(mean("full", "epochs")) // 3
+    multi = [n for n in results if n.startswith(("asha-", "hyperband"))]
+    # epochs each method needed to come within 0.3 points of full random search's final best (same seed)
+    to_target = {n: [next((i + 1 for i, v in enumerate(r["trace"]) if v >= f["best_valid"] - 0.003), None)
+                     for r, f in zip(results[n], full)] for n in multi}
+    at_third = {n: float(np.mean([at_epochs(r["trace"], third) for r in results[n]])) for n in multi}
+    print(f"within 0.3 points of full random search's best ({100 * mean('full', 'best_valid'):.2f}, "
+          f"{full_epochs:.0f} epochs): epochs needed per seed (- never) | best valid after {third} epochs")
+    for n in multi:
+        print(f"  {n:<24}{' '.join('-' if e is None else str(e) for e in to_target[n]):<24} | "
+              f"{100 * at_third[n]:.2f}")
+    reaching = [n for n in multi if None not in to_target[n]]
+    cheapest = min(reaching or multi, key=lambda n: (sum(e is None for e in to_target[n]),
+                                                     np.mean([e or mean(n, "epochs") for e in to_target[n]])))
+    needed = float(np.mean([e or r["epochs"] for e, r in zip(to_target[cheapest], results[cheapest])]))
     # at an equal epoch budget with Tune: each seed's best-so-far after min(epochs of both) epochs
-    equal = {n: float(np.mean([at_epochs(r["trace"], min(r["epochs"], t["epochs"])) for r, t in
-                               zip(results[n], results["tune-asha"])])) for n in asha}
-    tune_equal = {n: float(np.mean([at_epochs(t["trace"], min(r["epochs"], t["epochs"])) for r, t in
-                                    zip(results[n], results["tune-asha"])])) for n in asha}
-    best = max(asha, key=lambda n: equal[n] - tune_equal[n])
+    pairs = {n: list(zip(results[n], results["tune-asha"])) for n in multi}
+    equal = {n: float(np.mean([at_epochs(r["trace"], min(r["epochs"], t["epochs"])) for r, t in pairs[n]]))
+             for n in multi}
+    tune_equal = {n: float(np.mean([at_epochs(t["trace"], min(r["epochs"], t["epochs"])) for r, t in pairs[n]]))
+                  for n in multi}
+    best = max(multi, key=lambda n: (equal[n] - tune_equal[n], -mean(n, "wall")))
     print("at an equal epoch budget with tune-asha (best valid after min(epochs of both) epochs, per seed):")
-    for n in asha:
-        print(f"  {n:<24} nasplat {100 * equal[n]:.2f} vs tune {100 * tune_equal[n]:.2f}")
+    for n in multi:
+        print(f"  {n:<24} nasplat {100 * equal[n]:.2f} vs tune {100 * tune_equal[n]:.2f}, wall "
+              f"{mean(n, 'wall') / mean('tune-asha', 'wall'):.3f}x tune's")
     print(json.dumps({
-        "epochs_ratio_vs_full": round(mean(cheapest, "epochs") / full_epochs, 3), "asha_variant": cheapest,
+        "epochs_ratio_vs_full": round(needed / full_epochs, 3), "ratio_variant": cheapest,
+        "reached_full_best_within_0.3": {n: sum(e is not None for e in to_target[n]) for n in multi},
+        "best_valid_after_a_third": {n: round(100 * at_third[n], 2) for n in multi},
         "best_valid": {n: round(100 * mean(n, "best_valid"), 2) for n in results},
         "best_test": {n: round(100 * mean(n, "best_test"), 2) for n in results},
+        "epochs": {n: round(mean(n, "epochs"), 1) for n in results},
         "tune_asha_best_valid": round(100 * mean("tune-asha", "best_valid"), 2),
         "equal_budget": {"variant": best, "nasplat": round(100 * equal[best], 2),
                          "tune": round(100 * tune_equal[best], 2)},
