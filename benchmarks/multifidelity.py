@@ -6,7 +6,7 @@ run, every method keeps `--concurrency` trials going: nasplat's in its own proce
 core, trials interleaved step by step, no start-up), Tune's on a local Ray of `--cpus` (2) CPUs, one actor a trial:
 
   full             random search, every trial to max_steps (`--full-trials` trials)
-  asha-*           nasplat ASHA (grace 1, reduction factor 3) around random search or evolution, type stop or
+  asha-*           nasplat ASHA (grace period 3, reduction factor 3: rungs at 3 and 9 epochs) around random search or evolution, type stop or
                    promote (`--trials` new trials each)
   hyperband        nasplat asynchronous Hyperband around random search, type promote
   tune-asha        Ray Tune's ASHAScheduler, same rule parameters, same configs as asha-random-*, same trainer
@@ -65,7 +65,7 @@ def search_space(args: argparse.Namespace) -> Space:
 
 def methods(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
     """nasplat.run keyword arguments of each nasplat method."""
-    asha = {"name": "asha", "grace_period": 1, "reduction_factor": 3}
+    asha = {"name": "asha", "grace_period": args.grace_period, "reduction_factor": 3}
     evolution = {"controller": "evolution", "controller_options": {"population_size": args.population,
                                                                    "sample_size": 3}}
     return {
@@ -74,7 +74,8 @@ def methods(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
         "asha-random-promote": {"scheduler": {**asha, "type": "promote"}},
         "asha-evolution-stop": {"scheduler": {**asha, "type": "stop"}, **evolution},
         "asha-evolution-promote": {"scheduler": {**asha, "type": "promote"}, **evolution},
-        "hyperband": {"scheduler": {"name": "hyperband", "reduction_factor": 3, "type": "promote"}},
+        "hyperband": {"scheduler": {"name": "hyperband", "grace_period": args.grace_period, "reduction_factor": 3,
+                                    "type": "promote"}},
     }
 
 
@@ -122,7 +123,7 @@ def run_tune(seed: int, args: argparse.Namespace, storage: str) -> dict[str, Any
         for _ in range(args.max_steps):
             tune.report(trainer.step())
 
-    scheduler = ASHAScheduler(max_t=args.max_steps, grace_period=1, reduction_factor=3)
+    scheduler = ASHAScheduler(max_t=args.max_steps, grace_period=args.grace_period, reduction_factor=3)
     began = time.perf_counter()
     tuner = tune.Tuner(tune.with_resources(trainable, {"cpu": 1}), param_space={"item": tune.grid_search(items)},
                        tune_config=tune.TuneConfig(metric="valid_acc", mode="max", scheduler=scheduler,
@@ -144,10 +145,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--max-steps", type=int, default=27, help="epochs of a full-fidelity trial")
-    parser.add_argument("--full-trials", type=int, default=4, help="trials of full-fidelity random search")
-    parser.add_argument("--trials", type=int, default=12, help="new trials of each multi-fidelity method")
-    parser.add_argument("--population", type=int, default=6, help="evolution's population")
-    parser.add_argument("--train-size", type=int, default=500, help="training signals (of MNIST-1D's 4,000)")
+    parser.add_argument("--full-trials", type=int, default=8, help="trials of full-fidelity random search")
+    parser.add_argument("--trials", type=int, default=9, help="new trials of each multi-fidelity method")
+    parser.add_argument("--population", type=int, default=4, help="evolution's population")
+    parser.add_argument("--train-size", type=int, default=300, help="training signals (of MNIST-1D's 4,000)")
+    parser.add_argument("--grace-period", type=int, default=3, help="epochs before the first rung")
     parser.add_argument("--valid-size", type=int, default=1000, help="held-out validation signals")
     parser.add_argument("--concurrency", type=int, default=2)
     parser.add_argument("--cpus", type=int, default=2)

@@ -10,12 +10,13 @@ import nasplat
 from nasplat.experiment import load_experiment
 from nasplat.engine import ExperimentFailed
 from nasplat.results import ExperimentResult
-from nasplat.storage import FolderInUse
+from nasplat.storage import JOURNAL_FILE, FolderInUse, read_rows
 
 
 def _print_summary(result: ExperimentResult, top: int = 10) -> None:
     counts = result.counts()
-    print(f"trials: {sum(counts.values())} ({', '.join(f'{n} {s}' for s, n in sorted(counts.items()))})")
+    print(f"trials: {sum(counts.values())} ({', '.join(f'{n} {s}' for s, n in sorted(counts.items()))})"
+          + _promotions(result))
     ranked = result.ranked()[:top]
     if not ranked:
         print("no trial reported a finite metric yet")
@@ -27,6 +28,15 @@ def _print_summary(result: ExperimentResult, top: int = 10) -> None:
              "status": final[r["trial_id"]], "config": str(r["config"])[:90]} for r in ranked]
     with pd.option_context("display.max_colwidth", 90, "display.width", 160):
         print(pd.DataFrame(rows).to_string(index=False))
+
+
+def _promotions(result: ExperimentResult) -> str:
+    """'; N promoted' when paused trials were resumed (ASHA's promote type), read from the folder's journal."""
+    journal = result.path / JOURNAL_FILE if result.path is not None else None
+    if journal is None or not journal.exists():
+        return ""
+    promoted = sum("resume" in entry for entry in read_rows(journal))
+    return f"; {promoted} promotions of paused trials" if promoted else ""
 
 
 def cmd_run(args: argparse.Namespace) -> int:

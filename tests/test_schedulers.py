@@ -257,3 +257,26 @@ def test_scheduler_from_yaml(tmp_path):
                                 "budget": {"max_trials": 3}, "executor": "simulated",
                                 "scheduler": {"name": "hyperband", "type": "promote"}})
     assert kwargs["scheduler"] == {"name": "hyperband", "type": "promote"}
+
+
+def test_report_draws_the_rungs_and_status_counts_paused_trials(tmp_path, capsys):
+    import re
+
+    from nasplat.cli import main
+    from nasplat.report import render_report
+
+    result = nasplat.run(trainer=Counter, space=SPACE, metric="score", executor="simulated", concurrency=3,
+                         max_trials=30, max_steps=9, seed=2, scheduler={"name": "asha", "type": "promote"},
+                         storage=tmp_path, name="asha")
+    page = render_report(tmp_path / "asha")
+    rungs = re.search(r"<section id='rungs'>(.*?)</section>", page, re.DOTALL).group(1)
+    cells = [int(c) for c in re.findall(r"<td>(\d+)</td>", rungs.split("</table>")[0])]
+    last_step = {r["trial_id"]: r["step"] for r in result.rows}
+    promotions = sum(1 for r in result.rows if r["step"] in (2, 4))
+    reached = [sum(s >= step for s in last_step.values()) for step in (1, 3, 9)]
+    assert cells[2::6] == reached and sum(cells[4::6]) == promotions  # trials reached, promoted from each rung
+    assert f"{promotions} promotions" in rungs and 'aria-label="rung-thresholds"' in rungs
+    assert main(["status", str(tmp_path / "asha")]) == 0
+    paused = sum(1 for r in result.rows if r["status"] == "paused" and r["step"] == last_step[r["trial_id"]])
+    out = capsys.readouterr().out
+    assert paused >= 10 and f"{paused} paused" in out and f"{promotions} promotions of paused trials" in out
