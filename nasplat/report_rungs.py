@@ -88,4 +88,7 @@ def rungs_section(exp: Experiment) -> str:
                               "status": final.reindex(reached.index).to_numpy()})
     parts.append(f"<details><summary>Rung of every trial ({len(per_trial)})</summary>" + table(per_trial)
                  + "</details>")
+    if len(promoted):
+        parts.append(f"<details><summary>Promotions ({len(promoted)}): trial, the step it had paused at, when it "
+                     "resumed</summary>" + table(promoted) + "</details>")
     return "".join(parts)

@@ -280,3 +280,13 @@ def test_report_draws_the_rungs_and_status_counts_paused_trials(tmp_path, capsys
     paused = sum(1 for r in result.rows if r["status"] == "paused" and r["step"] == last_step[r["trial_id"]])
     out = capsys.readouterr().out
     assert paused >= 10 and f"{paused} paused" in out and f"{promotions} promotions of paused trials" in out
+
+
+def test_promote_on_the_ray_executor_resumes_paused_trials_from_their_state(ray_session):
+    result = nasplat.run(trainer=Counter, space=SPACE, metric="score", executor="ray", concurrency=2, max_trials=6,
+                         max_steps=3, seed=5, scheduler={"name": "asha", "type": "promote"})
+    rows = result.rows
+    promoted = [r for r in rows if r["step"] == 2]
+    assert len([r for r in rows if r["status"] == "paused"]) == 6 and len(promoted) >= 2
+    assert all(r["t"] == r["step"] for r in rows)  # a promoted trial went on from its kept state, on another actor
+    assert result.counts() == {"paused": 6 - len(promoted), "completed": len(promoted)}
