@@ -148,7 +148,7 @@ def main() -> None:
     parser.add_argument("--full-trials", type=int, default=8, help="trials of full-fidelity random search")
     parser.add_argument("--trials", type=int, default=9, help="new trials of each multi-fidelity method")
     parser.add_argument("--population", type=int, default=4, help="evolution's population")
-    parser.add_argument("--train-size", type=int, default=300, help="training signals (of MNIST-1D's 4,000)")
+    parser.add_argument("--train-size", type=int, default=1000, help="training signals (of MNIST-1D's 4,000)")
     parser.add_argument("--grace-period", type=int, default=3, help="epochs before the first rung")
     parser.add_argument("--valid-size", type=int, default=1000, help="held-out validation signals")
     parser.add_argument("--concurrency", type=int, default=2)
