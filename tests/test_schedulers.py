@@ -12,7 +12,7 @@ import pytest
 import nasplat
 from nasplat.api import read_spec
 from nasplat import Float, Trainer
-from nasplat.controllers import PAUSE, STOP, Continue, Pause, RandomSearch, RegularizedEvolution, Result, Stop
+from nasplat.controllers import STOP, Continue, Pause, RandomSearch, Result, Stop
 from nasplat.schedulers import ASHA, Hyperband, MedianStopping, make_scheduler
 
 SPACE = {"x": Float(0.0, 1.0)}
