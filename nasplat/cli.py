@@ -31,7 +31,7 @@ def _print_summary(result: ExperimentResult, top: int = 10) -> None:
 
 
 def _promotions(result: ExperimentResult) -> str:
-    """'; N promoted' when paused trials were resumed (ASHA's promote type), read from the folder's journal."""
+    """'; N promotions of paused trials' when any were resumed (ASHA's promote type), from the journal."""
     journal = result.path / JOURNAL_FILE if result.path is not None else None
     if journal is None or not journal.exists():
         return ""
