@@ -18,8 +18,10 @@ from nasplat.controllers import CONTROLLERS, Controller
 from nasplat.engine import Engine
 from nasplat.trials import Budget
 from nasplat.executors.base import Executor
-from nasplat.executors.local import LocalExecutor, SimulatedExecutor
+from nasplat.executors.local import LocalExecutor
+from nasplat.executors.simulated import SimulatedExecutor
 from nasplat.results import ExperimentResult
+from nasplat.schedulers import Scheduler, make_scheduler
 from nasplat.space import Space
 from nasplat.storage import META_FILE, SPEC_JSON, SPEC_PICKLE, ExperimentFolder, is_uri
 from nasplat.trainer import resolve
@@ -70,7 +72,8 @@ def run(*, trainer: type | str, controller: str | type | Controller = "random", 
         name: str | None = None, storage: str | Path | None = None,
         checkpoint: CheckpointPolicy | Mapping[str, Any] | bool | None = None, progress: bool = False,
         controller_options: Mapping[str, Any] | None = None, executor_options: Mapping[str, Any] | None = None,
-        callbacks: Sequence[Any] = ()) -> ExperimentResult:
+        callbacks: Sequence[Any] = (), scheduler: str | Mapping[str, Any] | Scheduler | None = None
+        ) -> ExperimentResult:
     """Run a search: `controller` proposes configs of `space`, `executor` trains them with `trainer`.
 
     `concurrency` trials run at once (default: 1 in process, as many as the Ray cluster's CPUs hold on
@@ -86,6 +89,10 @@ def run(*, trainer: type | str, controller: str | type | Controller = "random", 
     states there, so that resumed and retried trials continue from their latest checkpoint. Each of `callbacks` has
     `on_row(engine, row)` called with every recorded row (and `on_start(engine)`, `on_end(engine)` if it has them).
     Everything is checked before the folder is created.
+
+    `scheduler` stops or pauses trials early around the controller: `"asha"`, `"hyperband"`, `"median"`, a mapping
+    `{"name": "asha", "type": "promote", ...}` of a name and its options (`nasplat.schedulers`), or a ready
+    `Scheduler` wrapping `controller`.
     """
     spec = dict(trainer=trainer, controller=controller, space=space, metric=metric, mode=mode,
                 constraints=constraints, executor=executor,
@@ -94,6 +101,7 @@ def run(*, trainer: type | str, controller: str | type | Controller = "random", 
                 storage=None if storage is None else str(storage), checkpoint=checkpoint,
                 controller_options=dict(controller_options or {}), executor_options=dict(executor_options or {}),
                 callbacks=callbacks if isinstance(callbacks, (str, Mapping)) else list(callbacks))
+    spec["scheduler"] = dict(scheduler) if isinstance(scheduler, Mapping) else scheduler
     built = _build(spec)
     folder = None
     if storage is not None:
@@ -106,6 +114,8 @@ def run(*, trainer: type | str, controller: str | type | Controller = "random", 
                     controller=type(ctrl).__name__, location=folder.location,
                     executor=executor if isinstance(executor, str) else type(executor).__name__,
                     **({"constraints": [str(c) for c in ctrl.constraints]} if ctrl.constraints else {}))
+        if isinstance(ctrl, Scheduler):  # the wrapped controller, and the rungs for the report
+            meta.update(controller=type(ctrl.controller).__name__, schedule=ctrl.describe())
         files = {META_FILE: json.dumps(meta, indent=2).encode()}
         plain = _plain_json(spec)
         files.update({SPEC_JSON: plain.encode()} if plain is not None else {SPEC_PICKLE: _pickled(spec)})
@@ -166,6 +176,8 @@ def _build(spec: dict[str, Any]) -> dict[str, Any]:
     controller = make_controller(spec["controller"], spec["space"], metric=spec["metric"], mode=spec["mode"],
                                  seed=spec["seed"], options=spec["controller_options"],
                                  constraints=spec.get("constraints"))
+    if spec.get("scheduler") is not None:  # a scheduler wraps the controller and is the controller to the engine
+        controller = make_scheduler(spec["scheduler"], controller, max_steps=spec["max_steps"])
     name = spec["name"] or f"{type(controller).__name__.lower()}-{time.strftime('%Y%m%d-%H%M%S')}"
     if not isinstance(name, str) or not NAME.fullmatch(name):
         raise ValueError(f"`name` must be 1-128 letters, digits, '.', '_' or '-' starting with a letter or digit "

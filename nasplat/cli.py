@@ -10,12 +10,13 @@ import nasplat
 from nasplat.experiment import load_experiment
 from nasplat.trials import ExperimentFailed
 from nasplat.results import ExperimentResult
-from nasplat.storage import FolderInUse
+from nasplat.storage import JOURNAL_FILE, FolderInUse, read_rows
 
 
 def _print_summary(result: ExperimentResult, top: int = 10) -> None:
     counts = result.counts()
-    print(f"trials: {sum(counts.values())} ({', '.join(f'{n} {s}' for s, n in sorted(counts.items()))})")
+    print(f"trials: {sum(counts.values())} ({', '.join(f'{n} {s}' for s, n in sorted(counts.items()))})"
+          + _promotions(result))
     ranked = result.ranked()[:top]
     if not ranked:
         print("no trial reported a finite metric yet")
@@ -52,6 +53,15 @@ def _summarise(result: ExperimentResult, top: int) -> None:
         _print_front(result)
     else:
         _print_summary(result, top=top)
+
+
+def _promotions(result: ExperimentResult) -> str:
+    """'; N promotions of paused trials' when any were resumed (ASHA's promote type), from the journal."""
+    journal = result.path / JOURNAL_FILE if result.path is not None else None
+    if journal is None or not journal.exists():
+        return ""
+    promoted = sum("resume" in entry for entry in read_rows(journal))
+    return f"; {promoted} promotions of paused trials" if promoted else ""
 
 
 def cmd_run(args: argparse.Namespace) -> int:

@@ -11,7 +11,8 @@ import yaml
 from nasplat.pareto import parse_constraints, parse_objectives
 
 TOP_KEYS = ("name", "trainer", "space", "metric", "mode", "constraints", "controller", "budget", "resources",
-            "executor", "storage", "seed", "max_failures", "max_failed_trials", "checkpoint", "callbacks")
+            "executor", "storage", "seed", "max_failures", "max_failed_trials", "checkpoint", "callbacks",
+            "scheduler")
 REQUIRED = ("trainer", "space", "metric", "controller", "budget")
 BUDGET_KEYS = ("max_trials", "time_budget_s", "max_steps")
 RESOURCE_KEYS = ("concurrency", "cpus_per_trial", "gpus_per_trial", "workers", "backend", "strategy", "backend_options")
@@ -70,6 +71,8 @@ def experiment_kwargs(spec: Mapping[str, Any], *, source: str = "experiment") ->
         name=spec.get("name"), storage=spec.get("storage"),
         concurrency=resources.get("concurrency", 1 if executor != "ray" else None),
     )
+    if spec.get("scheduler") is not None:  # a name, or a mapping of a name and options: checked by nasplat.run
+        kwargs["scheduler"] = spec["scheduler"]
     if executor == "ray":
         kwargs["executor_options"] = ray_options
     if spec.get("callbacks"):  # names or mappings, built (and checked) by `nasplat.run`: the spec stays plain data

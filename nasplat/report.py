@@ -2,8 +2,8 @@
 
 Sections: summary, best-so-far (against time and trials), learning curves, PBT schedules and exploit
 events, the evolution lineage (with the decision each mutation changed), decision importance (Optuna's
-fANOVA) and the top 10 trials. A section
-that does not apply to the experiment says so in one line.
+fANOVA), the rungs of ASHA / Hyperband (trials per rung, promotion thresholds over time) and the top 10 trials.
+A section that does not apply to the experiment says so in one line.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import pandas as pd
 
 from nasplat import pareto
 from nasplat import report_plots as plots
+from nasplat.report_rungs import rungs_section
 from nasplat.results import RESERVED, ExperimentResult
 from nasplat.storage import ROWS_FILE, write_atomic
 
@@ -29,7 +30,7 @@ TOP_K = 10
 MAX_TABLE_ROWS = 2000
 SECTIONS = {"summary": "Summary", "best-so-far": "Best so far", "pareto": "Pareto front",
             "learning-curves": "Learning curves", "pbt": "PBT schedules and exploits", "lineage": "Evolution lineage",
-            "importance": "Decision importance", "top": f"Top {TOP_K} trials"}
+            "importance": "Decision importance", "rungs": "Rungs (ASHA, Hyperband)", "top": f"Top {TOP_K} trials"}
 
 
 @dataclass
@@ -334,7 +335,8 @@ def render_report(folder: str | Path) -> str:
     exploits = exploit_events(exp)
     bodies = {"summary": summary(exp), "best-so-far": best_section(exp), "pareto": pareto_section(exp),
               "learning-curves": curves_section(exp, exploits), "pbt": pbt_section(exp, exploits),
-              "lineage": lineage_section(exp), "importance": importance_section(exp), "top": top_section(exp)}
+              "lineage": lineage_section(exp), "importance": importance_section(exp), "rungs": rungs_section(exp),
+              "top": top_section(exp)}
     title = html.escape(f"nasplat report: {exp.meta.get('name', exp.folder.name)}")
     nav = "".join(f"<a href='#{key}'>{html.escape(label)}</a>" for key, label in SECTIONS.items())
     sections = "".join(f"<section id='{key}'><h2>{html.escape(SECTIONS[key])}</h2>{body}</section>"

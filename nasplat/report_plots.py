@@ -192,3 +192,15 @@ def hypervolume_curve(points: pd.DataFrame) -> str:
         ax.set_xlabel(label)
         ax.set_ylabel("hypervolume")
     return to_svg(fig, "hypervolume")
+
+
+def rung_thresholds(cuts: pd.DataFrame, metric: str) -> str:
+    """One step line per rung: the threshold after each arrival against time."""
+    fig, (ax,) = _figure(11, 3.6)
+    for i, (rung, group) in enumerate(cuts.groupby("rung")):
+        ax.step(group["end"], group["threshold"], where="post", linewidth=1.6, color=TOP_COLORS[i % len(TOP_COLORS)],
+                label=f"rung {rung} (step {int(group['step'].iloc[0])})")
+    ax.set_xlabel("time (executor clock, s)")
+    ax.set_ylabel(f"{metric} needed")
+    ax.legend(fontsize=7, loc="best")
+    return to_svg(fig, "rung-thresholds")

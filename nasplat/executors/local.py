@@ -1,9 +1,8 @@
-"""In-process executors: `local` (wall clock) and `simulated` (a virtual clock driven by reported cost)."""
+"""The in-process `local` executor (wall clock); `nasplat.executors.simulated` builds the `simulated` one on it."""
 
 from __future__ import annotations
 
 import copy
-import heapq
 import os
 import socket
 import time
@@ -94,53 +93,3 @@ class LocalExecutor(Executor):
             raise RuntimeError("wait() called with no step running")
         return [self.run_step(self.queue.popleft())]
 
-
-class SimulatedExecutor(LocalExecutor):
-    """`concurrency` virtual workers on a simulated clock.
-
-    Each step runs at once in this process, and finishes `metrics[cost_key]` simulated seconds after it
-    started; `wait` returns steps in order of finishing time, so asynchrony is modelled exactly and
-    deterministically (ties broken by start order).
-    """
-
-    def __init__(self, concurrency: int = 1, *, cost_key: str = "time_cost") -> None:
-        super().__init__(concurrency)
-        self.cost_key = cost_key
-        self.clock = 0.0
-        self.heap: list[tuple[float, int, StepEvent]] = []
-        self.sequence = 0
-
-    def open(self, trainer: type, experiment: str, checkpoints: Any = None) -> None:
-        super().open(trainer, experiment, checkpoints)
-        self.clock = 0.0
-
-    def now(self) -> float:
-        return self.clock
-
-    def step(self, trial_id: int, snapshot: bool = False, save: int | None = None) -> None:
-        self._save(trial_id, save)
-        event = self.run_step(trial_id)
-        cost = 0.0
-        if event.metrics is not None:
-            try:
-                cost = float(event.metrics[self.cost_key])
-                if not cost > 0 or cost == float("inf"):
-                    raise ValueError
-            except (KeyError, TypeError, ValueError, OverflowError):
-                event = StepEvent(trial_id, None, f"the simulated executor needs a finite {self.cost_key!r} metric > 0 "
-                                  f"(simulated seconds of the step), got {event.metrics.get(self.cost_key)!r}",
-                                  event.start, event.end)
-                cost = 0.0
-        finish = self.clock + cost
-        event = StepEvent(trial_id, event.metrics, event.error, self.clock, finish, event.node, event.pid)
-        heapq.heappush(self.heap, (finish, self.sequence, event))
-        self.sequence += 1
-
-    def wait(self) -> list[StepEvent]:
-        if self.saves:
-            return super().wait()
-        if not self.heap:
-            raise RuntimeError("wait() called with no step running")
-        finish, _, event = heapq.heappop(self.heap)
-        self.clock = finish
-        return [event]
