@@ -33,8 +33,8 @@ class Scheduler(Controller):
         self.controller = controller
         self.space, self.metric, self.mode, self.seed = controller.space, controller.metric, controller.mode, \
             controller.seed
-        if hasattr(controller, "metrics"):
-            self.metrics = controller.metrics
+        # ranked by the first objective; the objectives and constraints are the wrapped controller's
+        self.metrics, self.modes, self.constraints = controller.metrics, controller.modes, controller.constraints
         self.rng = np.random.default_rng([controller.seed, 0x5C4E])  # the scheduler's own stream (brackets)
         self.told: set[int] = set()
 
