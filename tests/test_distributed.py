@@ -284,8 +284,8 @@ def test_a_reused_gang_sets_up_nothing_new(gangs):
     assert gang.last_setup_s == 0.0 and gang.created == created
     assert [{**rank, "trial_id": 2} for rank in identity] == gang.identity()
     assert second[0]["test_acc"] == first[0]["test_acc"]
+    # The counters above decide that nothing was set up again; the times are printed, not compared (a busy machine).
     print(f"gang set-up {gang.startup_s:.2f} s (first trial only); a whole 2-epoch trial on it {relaunch:.2f} s")
-    assert relaunch < gang.startup_s
 
 
 # -- on Ray: gossip ---------------------------------------------------------------------------------------------
@@ -335,10 +335,12 @@ def test_killed_parameter_server_restarts_from_its_snapshot_and_the_trial_goes_o
     config = {"lr": 0.05, "momentum": 0.9, "batch_size": 16, "epochs_per_step": 6}
     gang = gangs("async")
     run_gang(gang, config, seed=2, steps=1)
-    pid = ray.get(gang.servers[0].info.remote())["pid"]
+    before = ray.get(gang.servers[0].info.remote())
     refs = gang.step()
-    time.sleep(0.3)
-    assert ray.wait(refs, num_returns=len(refs), timeout=0)[0] == []  # the step is still running
+    while ray.get(gang.servers[0].info.remote())["updates"] == before["updates"]:  # until the step's first push
+        ray.wait(refs, num_returns=len(refs), timeout=0.01)
+    assert ray.wait(refs, num_returns=len(refs), timeout=0)[0] == []  # the step is still running (6 epochs)
+    pid = before["pid"]
     os.kill(pid, signal.SIGKILL)
     metrics = ray.get(refs)  # no error: the workers retried against the restarted server
     info = ray.get(gang.servers[0].info.remote())
