@@ -46,7 +46,7 @@ def test_run_then_status_through_the_command_line(tmp_path, capsys, shared_data)
 @pytest.mark.parametrize("change, message", [
     ({"budget": {"max_trial": 3}}, r"budget: unknown key\(s\) \['max_trial'\]; allowed: \['max_trials'"),
     ({"controler": "random"}, r"unknown key\(s\) \['controler'\]; allowed: \['name', 'trainer'"),
-    ({"mode": "maximum"}, r"'mode' must be 'max' or 'min', got 'maximum'"),
+    ({"mode": "maximum"}, r"`mode` must be one of \['max', 'min'\], got mode='maximum'"),
     ({"resources": {"workers": 2}}, r"resources \['workers'\] need executor 'ray', got executor='simulated'"),
     ({"controller": {"population_size": 3}}, r"'controller' must be a name or a mapping with 'name'"),
     ({"resources": {"gpus": 1}}, r"resources: unknown key\(s\) \['gpus'\]"),

@@ -12,6 +12,7 @@ from typing import Any, Literal
 import numpy as np
 
 from nasplat.space import Config, Space
+from nasplat.validation import check_int
 
 
 @dataclass(frozen=True)
@@ -66,6 +67,7 @@ class Controller(ABC):
             raise ValueError(f"mode must be 'max' or 'min', got {mode=!r}")
         if not isinstance(metric, str) or not metric:
             raise ValueError(f"metric must be a non-empty string naming a reported metric, got {metric=!r}")
+        check_int("seed", seed, minimum=0)
         self.space = space if isinstance(space, Space) else Space(space)
         self.metric, self.mode, self.seed = metric, mode, seed
         self.rng = np.random.default_rng(seed)
