@@ -186,6 +186,25 @@ def test_topk_error_feedback_sends_everything_eventually():
     assert torch.allclose(sent + backend.residuals[0], pushed, atol=1e-5)
 
 
+def test_rendezvous_port_is_held_by_rank_0s_store_from_the_moment_it_is_chosen():
+    """No bind-close-reuse: while the store lives, nobody else can bind its port, and a rank connects through it."""
+    import socket
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from nasplat.distributed.allreduce import host_store
+
+    store, address = host_store("127.0.0.1", timeout_s=10)
+    host, port = address.rsplit(":", 1)
+    assert host == "127.0.0.1" and int(port) == store.port > 0
+    with socket.socket() as other, pytest.raises(OSError, match="Address already in use"):
+        other.bind((host, int(port)))
+    client = dist.TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=10))
+    client.set("rank-1", "here")
+    assert store.get("rank-1") == b"here"
+
+
 def test_parameter_server_bounds_staleness_and_restores_its_snapshot(tmp_path):
     """The server class without Ray: rank 0 may lead rank 1 by `max_staleness` pushes, no more; a rank between
     steps holds nobody back; a new server on the same snapshot path resumes the shard."""
