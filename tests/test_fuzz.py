@@ -6,6 +6,11 @@ one clear error (an exception nasplat raised on purpose: its innermost frame is 
 own code, with a one-line message) or finished with a folder that `nasplat status` loads. An exception that escapes
 from elsewhere (a comparison inside the engine, numpy, json, the trainer's own code) is a traceback from nasplat's
 own code and fails the test.
+
+Written before the engine's part of issue 9: on the engine of 2026-12-03 the trainer test fails, as it should, on
+(1) a 1-d tensor metric (`results.py` calls `.item()` on it and the RuntimeError ends the experiment), (2) an int
+metric too large for a float (OverflowError in `engine.py`) and (3) `simulated` with only a time budget when steps
+raise or report no `time_cost` (the clock never advances: the run never ends). It is not marked xfail.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from hypothesis import HealthCheck, event, given, settings
+from hypothesis import HealthCheck, Phase, event, given, settings
 from hypothesis import strategies as st
 
 import nasplat
@@ -37,6 +42,10 @@ from nasplat.experiment import BUDGET_KEYS, RESOURCE_KEYS, TOP_KEYS
 NASPLAT_DIR = Path(nasplat.__file__).resolve().parent
 RUN_LIMIT_S = 15  # one generated run (a few trials of a trivial trainer); a hang fails the example
 CLEAR_ERRORS = (ValueError, TypeError, FileNotFoundError, FileExistsError)
+# No shrinking: a hang costs RUN_LIMIT_S per attempt, so shrinking one could take many minutes. The first failing
+# example is reported as generated, with the blob that replays it (`@reproduce_failure`).
+FUZZ = settings(deadline=None, phases=(Phase.explicit, Phase.reuse, Phase.generate), print_blob=True,
+                suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 
 USER_MODULE = """
 from nasplat import Float, Int, Trainer
@@ -57,20 +66,22 @@ GOOD_FILE = {"name": "fz", "trainer": "nsfz_user:Toy", "space": "nsfz_user:space
 
 
 # -- judging an outcome -------------------------------------------------------------------------------------------
-class Hang(Exception):
-    """The run did not end within RUN_LIMIT_S."""
+class Hang(BaseException):
+    """The run did not end within RUN_LIMIT_S (a BaseException, so that no `except Exception` takes it for a
+    trial's failure)."""
 
 
 @contextlib.contextmanager
 def time_limit(seconds: int) -> Iterator[None]:
+    """Raise Hang in this thread after `seconds`, and again every second until the block is left."""
     def expire(signum: int, frame: Any) -> None:
         raise Hang(f"no end after {seconds} s")
     previous = signal.signal(signal.SIGALRM, expire)
-    signal.alarm(seconds)
+    signal.setitimer(signal.ITIMER_REAL, seconds, 1.0)
     try:
         yield
     finally:
-        signal.alarm(0)
+        signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
 
 
@@ -156,8 +167,7 @@ def inside_fresh_folder() -> Iterator[Path]:
             os.chdir(before)
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
-                                                                  HealthCheck.too_slow])
+@settings(FUZZ, max_examples=60)
 @given(spec=experiment_files())
 def test_generated_experiment_files_end_in_one_clear_error_or_a_loadable_folder(user_module: None,
                                                                                  spec: dict[Any, Any]) -> None:
@@ -225,10 +235,11 @@ class Scripted(Trainer):
         self.t = state["t"]
 
 
-@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@pytest.mark.slow
+@settings(FUZZ, max_examples=50)
 @given(executor=st.sampled_from(["local", "simulated"]), setup_error=st.one_of(st.none(), ERRORS),
        steps=st.lists(STEP_OUTCOMES, min_size=1, max_size=3), controller=st.sampled_from(["random", "evolution"]),
-       budget=st.sampled_from([{"max_trials": 4}, {"time_budget_s": 2.0}, {"max_trials": 4, "time_budget_s": 2.0}]),
+       budget=st.sampled_from([{"max_trials": 4}, {"time_budget_s": 0.5}, {"max_trials": 4, "time_budget_s": 0.5}]),
        max_failures=st.integers(0, 1))
 def test_generated_trainer_behaviour_fails_trials_never_the_experiment(executor: str,
                                                                        setup_error: BaseException | None,
