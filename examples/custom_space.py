@@ -16,8 +16,9 @@ space = {
     "optimizer": Choice([{"name": "sgd", "momentum": Float(0.0, 0.95)}, {"name": "adam", "beta1": Float(0.8, 0.95)}]),
 }
 x, y = load_digits(return_X_y=True)
-order = torch.randperm(len(y), generator=torch.Generator().manual_seed(0))  # a fixed split: 1,500 train, 297 test
+order = torch.randperm(len(y), generator=torch.Generator().manual_seed(0))  # fixed: 1,200 train, 300 valid, 297 test
 x, y = torch.tensor(x / 16.0, dtype=torch.float32)[order], torch.tensor(y)[order]
+TRAIN, VALID, TEST = slice(0, 1200), slice(1200, 1500), slice(1500, None)
 
 
 class MLPTrainer(Trainer):
@@ -29,19 +30,21 @@ class MLPTrainer(Trainer):
         self.opt = torch.optim.SGD(self.model.parameters(), config["lr"], momentum=opt["momentum"]) \
             if opt["name"] == "sgd" else torch.optim.Adam(self.model.parameters(), config["lr"], (opt["beta1"], 0.999))
 
-    def step(self):  # 20 full-batch updates, then a test
+    def step(self):  # 20 full-batch updates, then accuracy on the validation (to search on) and test sets
         for _ in range(20):
             self.opt.zero_grad()
-            F.cross_entropy(self.model(x[:1500]), y[:1500]).backward()
+            F.cross_entropy(self.model(x[TRAIN]), y[TRAIN]).backward()
             self.opt.step()
         with torch.no_grad():
-            return {"test_acc": (self.model(x[1500:]).argmax(1) == y[1500:]).float().mean().item()}
+            return {f"{name}_acc": (self.model(x[part]).argmax(1) == y[part]).float().mean().item()
+                    for name, part in (("valid", VALID), ("test", TEST))}
 
 
 if __name__ == "__main__":
     torch.set_num_threads(1)
-    result = nasplat.run(trainer=MLPTrainer, space=space, controller="evolution", metric="test_acc",
+    result = nasplat.run(trainer=MLPTrainer, space=space, controller="evolution", metric="valid_acc",
                          controller_options={"population_size": 8, "sample_size": 3}, max_trials=24, max_steps=5,
                          executor="local", seed=0)
     best = result.best
-    print(f"best test_acc={best['test_acc']:.4f} (trial {best['trial_id']}, step {best['step']}): {best['config']}")
+    print(f"best valid_acc={best['valid_acc']:.4f}, its test_acc={best['test_acc']:.4f} "
+          f"(trial {best['trial_id']}, step {best['step']}): {best['config']}")

@@ -12,10 +12,11 @@ from trainers.classification import ClassificationTrainer
 
 if __name__ == "__main__":
     result = nasplat.run(
-        trainer=ClassificationTrainer, space=space, metric="test_acc",
+        trainer=ClassificationTrainer, space=space, metric="valid_acc",
         controller="evolution", controller_options={"population_size": 8, "sample_size": 3},
         executor="ray", max_trials=24, max_steps=6, max_failures=1, storage="results", progress=True,
     )
     best = result.best
-    print(f"best test accuracy {best['test_acc']:.4f} (trial {best['trial_id']}): {best['config']}")
+    print(f"best validation accuracy {best['valid_acc']:.4f}, its test accuracy {best['test_acc']:.4f} "
+          f"(trial {best['trial_id']}): {best['config']}")
     print(f"results in {result.path}; `nasplat report {result.path}` draws them")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -14,7 +13,7 @@ from typing import Any
 import cloudpickle
 
 from nasplat.checkpoint import CheckpointPolicy
-from nasplat.controllers import CONTROLLERS, Controller
+from nasplat.controllers import CONTROLLERS, Controller, check_controller_options
 from nasplat.engine import Engine
 from nasplat.trials import Budget
 from nasplat.executors.base import Executor
@@ -24,10 +23,10 @@ from nasplat.results import ExperimentResult
 from nasplat.schedulers import Scheduler, make_scheduler
 from nasplat.space import Space
 from nasplat.storage import META_FILE, SPEC_JSON, SPEC_PICKLE, ExperimentFolder, is_uri
-from nasplat.trainer import resolve
+from nasplat.trainer import check_trainer, resolve
+from nasplat.validation import check_name, check_run_options
 
 EXECUTORS = ("local", "simulated", "ray")
-NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 
 def make_controller(controller: str | type | Controller, space: Any, *, metric: str | Sequence[str] | None,
@@ -42,6 +41,8 @@ def make_controller(controller: str | type | Controller, space: Any, *, metric: 
         if controller not in CONTROLLERS:
             raise ValueError(f"unknown controller {controller!r}; allowed: {sorted(CONTROLLERS)}")
         controller = CONTROLLERS[controller]
+    if isinstance(controller, type) and issubclass(controller, Controller):
+        options = check_controller_options(controller, options)
     if space is None or metric is None:
         raise ValueError(f"`space` and `metric` are needed to build a controller, got space={space!r}, {metric=!r}")
     space = resolve(space, what="space")
@@ -170,18 +171,17 @@ def storage_location(storage: str, name: str) -> str:
 
 def _build(spec: dict[str, Any]) -> dict[str, Any]:
     """Everything the engine needs, checked: trainer, controller, budget, executor, checkpoint policy, name."""
-    trainer = resolve(spec["trainer"], what="trainer")
-    if not isinstance(trainer, type):
-        raise TypeError(f"`trainer` must be a Trainer class (or its dotted path), got {trainer!r}")
+    check_run_options(**{key: spec[key] for key in ("metric", "mode", "max_trials", "time_budget_s", "max_steps",
+                                                     "concurrency", "max_failures", "max_failed_trials", "seed",
+                                                     "name", "executor_options")})
+    trainer = check_trainer(resolve(spec["trainer"], what="trainer"))
     controller = make_controller(spec["controller"], spec["space"], metric=spec["metric"], mode=spec["mode"],
                                  seed=spec["seed"], options=spec["controller_options"],
                                  constraints=spec.get("constraints"))
     if spec.get("scheduler") is not None:  # a scheduler wraps the controller and is the controller to the engine
         controller = make_scheduler(spec["scheduler"], controller, max_steps=spec["max_steps"])
     name = spec["name"] or f"{type(controller).__name__.lower()}-{time.strftime('%Y%m%d-%H%M%S')}"
-    if not isinstance(name, str) or not NAME.fullmatch(name):
-        raise ValueError(f"`name` must be 1-128 letters, digits, '.', '_' or '-' starting with a letter or digit "
-                         f"(no path separators), got {name!r}")
+    check_name(name)
     if spec["storage"] is not None and not isinstance(spec["storage"], str):
         raise ValueError(f"`storage` must be a folder or a URI, got {spec['storage']!r}")
     budget = Budget(spec["max_trials"], spec["time_budget_s"], spec["max_steps"])

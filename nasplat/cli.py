@@ -1,16 +1,24 @@
-"""The `nasplat` command: run, resume, status, export, report and serve experiments."""
+"""The `nasplat` command: run, resume, status, export, report and serve experiments.
+
+Every error is one line on stderr, `nasplat <command>: error: ...`, and exit code 2; `--debug` shows the
+traceback instead. Trainer and space modules are found in the current folder, as with `python -m`.
+"""
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import traceback
 from pathlib import Path
+from typing import NoReturn
 
 import nasplat
 from nasplat.experiment import load_experiment
 from nasplat.trials import ExperimentFailed
 from nasplat.results import ExperimentResult
 from nasplat.storage import JOURNAL_FILE, FolderInUse, read_rows
+from nasplat.trainer import check_trainer, resolve
 
 
 def _print_summary(result: ExperimentResult, top: int = 10) -> None:
@@ -68,8 +76,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     kwargs = load_experiment(args.experiment, executor=args.executor, storage=args.storage, name=args.name)
     if args.address:
         if kwargs["executor"] != "ray":
-            raise SystemExit(f"--address needs executor 'ray', got {kwargs['executor']!r}")
+            raise ValueError(f"--address needs executor 'ray', got executor={kwargs['executor']!r}")
         kwargs["executor_options"]["address"] = args.address
+    # Import what the file names now, so that a bad module or class fails before any folder is created.
+    check_trainer(resolve(kwargs["trainer"], what="trainer"))  # the spec keeps the dotted path: plain data
+    resolve(kwargs["space"], what="space")
     result = nasplat.run(**kwargs, progress=not args.quiet)
     if result.path is not None:
         print(f"results: {result.path}  (nasplat status {result.path} · nasplat report {result.path})")
@@ -114,21 +125,26 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from nasplat.serve import serve
+    from nasplat.serve import serve_forever
 
-    server, url = serve(args.folder, port=args.port, host=args.host)
-    print(f"serving the live report of {args.folder} at {url} (Ctrl-C to stop)", flush=True)
-    try:
-        server.serve_forever()
-    except KeyboardInterrupt:
-        server.shutdown()
+    serve_forever(args.folder, port=args.port, host=args.host)
     return 0
 
 
+class _Parser(argparse.ArgumentParser):
+    """Usage mistakes as one line, like every other error of the command."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def parser() -> argparse.ArgumentParser:
-    top = argparse.ArgumentParser(prog="nasplat", description="Population and architecture search on Ray.")
-    sub = top.add_subparsers(dest="command", required=True)
-    run = sub.add_parser("run", help="run an experiment file (YAML)")
+    top = _Parser(prog="nasplat", description="Population and architecture search on Ray.")
+    top.add_argument("--debug", action="store_true", help="show the traceback of an error instead of one line")
+    debug = argparse.ArgumentParser(add_help=False)  # `--debug` also after the command; the default stays top's
+    debug.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    sub = top.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    run = sub.add_parser("run", parents=[debug], help="run an experiment file (YAML)")
     run.add_argument("experiment", help="path to experiment.yaml")
     run.add_argument("--executor", choices=["ray", "local", "simulated"], help="override the file's executor")
     run.add_argument("--address", help="attach to this Ray cluster (default: $RAY_ADDRESS, else a local Ray)")
@@ -136,25 +152,27 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--name", help="override the experiment name")
     run.add_argument("--quiet", action="store_true", help="no progress line")
     run.set_defaults(func=cmd_run)
-    resume = sub.add_parser("resume", help="finish a killed experiment from its folder")
+    resume = sub.add_parser("resume", parents=[debug], help="finish a killed experiment from its folder")
     resume.add_argument("folder")
     resume.add_argument("--quiet", action="store_true")
     resume.set_defaults(func=cmd_resume)
-    status = sub.add_parser("status", help="a table of the best trials of an experiment folder")
+    status = sub.add_parser("status", parents=[debug], help="a table of the best trials of an experiment folder")
     status.add_argument("folder")
     status.add_argument("--top", type=int, default=10)
     status.add_argument("--importance", nargs="?", const="fanova", choices=["fanova", "ped-anova"],
                         help="also print each decision's importance (Optuna's fANOVA, or PED-ANOVA)")
     status.set_defaults(func=cmd_status)
-    export = sub.add_parser("export", help="write the experiment's rows as a table, one column per decision")
+    export = sub.add_parser("export", parents=[debug],
+                            help="write the experiment's rows as a table, one column per decision")
     export.add_argument("folder")
     export.add_argument("--format", choices=["parquet", "csv"], default="parquet")
     export.add_argument("-o", "--output", help="the file to write (default: <folder>/results.<format>)")
     export.set_defaults(func=cmd_export)
-    report = sub.add_parser("report", help="write a self-contained HTML report into the experiment folder")
+    report = sub.add_parser("report", parents=[debug],
+                            help="write a self-contained HTML report into the experiment folder")
     report.add_argument("folder")
     report.set_defaults(func=cmd_report)
-    serve = sub.add_parser("serve", help="serve the report live while the experiment runs")
+    serve = sub.add_parser("serve", parents=[debug], help="serve the report live while the experiment runs")
     serve.add_argument("folder")
     serve.add_argument("--port", type=int, default=8265 + 100)
     serve.add_argument("--host", default="127.0.0.1")
@@ -163,13 +181,40 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the command line `argv`; returns the exit code (2 for any error, after one line on stderr)."""
     args = parser().parse_args(argv)
+    _find_user_modules_here()
     try:
         return args.func(args)
-    except (ValueError, TypeError, FileNotFoundError, FileExistsError, ImportError, FolderInUse,
-            ExperimentFailed) as exc:
-        print(f"nasplat {args.command}: error: {exc}", file=sys.stderr)
+    except KeyboardInterrupt:
+        print(f"nasplat {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:
+        if args.debug:
+            traceback.print_exc()
+        else:
+            print(f"nasplat {args.command}: error: {_one_line(exc)}", file=sys.stderr)
         return 2
+
+
+def _one_line(exc: BaseException) -> str:
+    """The error's message on one line; the exception's type for errors that are not plain bad input."""
+    message = " ".join(str(exc).split()) or "(no message)"
+    expected = (ValueError, TypeError, FileNotFoundError, FileExistsError, NotADirectoryError, IsADirectoryError)
+    if isinstance(exc, expected) and type(exc).__module__ == "builtins":
+        return message
+    return f"{type(exc).__name__}: {message} (run with --debug for the traceback)"
+
+
+def _find_user_modules_here() -> None:
+    """Put the current folder first on the import path of this process and of the Ray workers it starts, so
+    that `trainer: my_trainer:MyTrainer` finds ./my_trainer.py (as `python -m` would)."""
+    here = os.getcwd()
+    if here not in sys.path:
+        sys.path.insert(0, here)
+    paths = os.environ.get("PYTHONPATH", "").split(os.pathsep)
+    if here not in paths:
+        os.environ["PYTHONPATH"] = os.pathsep.join([here, *filter(None, paths)])
 
 
 if __name__ == "__main__":

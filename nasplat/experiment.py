@@ -1,4 +1,9 @@
-"""Experiment files: YAML with the space, trainer, controller, budget, resources and storage of a search."""
+"""Experiment files: YAML with the space, trainer, controller, budget, resources and storage of a search.
+
+Everything is checked here, before any module is imported or folder created; each mistake is one line naming
+the file, the key, the value received and what is allowed. Numbers must be YAML numbers: a quoted `"10"` is
+refused (see `nasplat.validation`), and so is `true` where an integer is expected.
+"""
 
 from __future__ import annotations
 
@@ -13,19 +18,31 @@ from nasplat.pareto import parse_constraints, parse_objectives
 TOP_KEYS = ("name", "trainer", "space", "metric", "mode", "constraints", "controller", "budget", "resources",
             "executor", "storage", "seed", "max_failures", "max_failed_trials", "checkpoint", "callbacks",
             "scheduler")
+from nasplat.controllers import CONTROLLERS, check_controller_options
+from nasplat.validation import check_choice, check_run_options
+
+TOP_KEYS = ("name", "trainer", "space", "metric", "mode", "controller", "budget", "resources", "executor", "storage",
+            "seed", "max_failures")
 REQUIRED = ("trainer", "space", "metric", "controller", "budget")
 BUDGET_KEYS = ("max_trials", "time_budget_s", "max_steps")
 RESOURCE_KEYS = ("concurrency", "cpus_per_trial", "gpus_per_trial", "workers", "backend", "strategy", "backend_options")
 RAY_ONLY = ("cpus_per_trial", "gpus_per_trial", "workers", "backend", "strategy", "backend_options")
+EXECUTOR_NAMES = ("ray", "local", "simulated")
 
 
 def load_experiment(path: str | Path, **overrides: Any) -> dict[str, Any]:
     """Read `path` and return keyword arguments for `nasplat.run`; a mistake names the key and what is allowed."""
     path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"experiment file {path} does not exist")
-    with open(path, encoding="utf-8") as f:
-        spec = yaml.safe_load(f)
+    if not path.is_file():
+        raise FileNotFoundError(f"experiment file {path} does not exist" if not path.exists()
+                                else f"experiment file {path} is not a file")
+    try:
+        with open(path, encoding="utf-8") as f:
+            spec = yaml.safe_load(f)
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{path}: not a UTF-8 text file ({exc.reason} at byte {exc.start})") from None
+    except yaml.YAMLError as exc:
+        raise ValueError(f"{path}: {_yaml_error(exc)}") from None
     if not isinstance(spec, Mapping):
         raise ValueError(f"{path}: an experiment file must be a YAML mapping of {list(TOP_KEYS)}, got {spec!r}")
     spec = {**spec, **{k: v for k, v in overrides.items() if v is not None}}
@@ -34,25 +51,43 @@ def load_experiment(path: str | Path, **overrides: Any) -> dict[str, Any]:
 
 def experiment_kwargs(spec: Mapping[str, Any], *, source: str = "experiment") -> dict[str, Any]:
     """Validate an experiment mapping and translate it into `nasplat.run` keyword arguments."""
+    try:
+        return _translate(spec, source)
+    except ValueError as exc:
+        message = str(exc)
+        raise ValueError(message if message.startswith(source) else f"{source}: {message}") from None
+
+
+def _translate(spec: Mapping[str, Any], source: str) -> dict[str, Any]:
     _check_keys(spec, TOP_KEYS, source)
     missing = [k for k in REQUIRED if k not in spec]
     if missing:
         raise ValueError(f"{source}: missing required keys {missing}; an experiment needs {list(REQUIRED)}")
+    for key in ("trainer", "space"):
+        value = spec[key]
+        if not (isinstance(value, str) and value) and not (key == "space" and isinstance(value, Mapping)):
+            raise ValueError(f"`{key}` must be a dotted path 'package.module:attribute', got {key}={value!r}")
     controller = spec["controller"]
     if isinstance(controller, str):
         controller = {"name": controller}
     if not isinstance(controller, Mapping) or "name" not in controller:
         raise ValueError(f"{source}: 'controller' must be a name or a mapping with 'name' and options, "
                          f"got {controller!r}")
+    check_choice("controller", controller["name"], sorted(CONTROLLERS))
+    options = check_controller_options(CONTROLLERS[controller["name"]],
+                                       {k: v for k, v in controller.items() if k != "name"})
     budget = spec["budget"]
     _check_keys(budget, BUDGET_KEYS, f"{source}: budget")
     resources = spec.get("resources") or {}
     _check_keys(resources, RESOURCE_KEYS, f"{source}: resources")
-    executor = spec.get("executor", "ray")
+    executor = check_choice("executor", spec.get("executor", "ray"), EXECUTOR_NAMES)
     ray_options = {k: resources[k] for k in RAY_ONLY if k in resources}
     if executor != "ray" and ray_options:
         raise ValueError(f"{source}: resources {sorted(ray_options)} need executor 'ray', got executor={executor!r}")
     mode = spec.get("mode", "max")
+    storage = spec.get("storage")
+    if storage is not None and (not isinstance(storage, str) or not storage):
+        raise ValueError(f"`storage` must be a folder path (a string), got storage={storage!r}")
     if isinstance(mode, str) and mode not in ("max", "min"):
         raise ValueError(f"{source}: 'mode' must be 'max' or 'min', got {mode!r}")
     try:  # one metric and mode, or lists of them (several objectives), and metric thresholds
@@ -68,7 +103,7 @@ def experiment_kwargs(spec: Mapping[str, Any], *, source: str = "experiment") ->
         max_trials=budget.get("max_trials"), time_budget_s=budget.get("time_budget_s"),
         max_steps=budget.get("max_steps", 1), seed=spec.get("seed", 0), max_failures=spec.get("max_failures", 0),
         max_failed_trials=spec.get("max_failed_trials", 10), checkpoint=spec.get("checkpoint"),
-        name=spec.get("name"), storage=spec.get("storage"),
+        name=spec.get("name"), storage=storage,
         concurrency=resources.get("concurrency", 1 if executor != "ray" else None),
     )
     if spec.get("scheduler") is not None:  # a name, or a mapping of a name and options: checked by nasplat.run
@@ -77,6 +112,9 @@ def experiment_kwargs(spec: Mapping[str, Any], *, source: str = "experiment") ->
         kwargs["executor_options"] = ray_options
     if spec.get("callbacks"):  # names or mappings, built (and checked) by `nasplat.run`: the spec stays plain data
         kwargs["callbacks"] = spec["callbacks"]
+    check_run_options(**{k: kwargs.get(k) for k in ("metric", "mode", "max_trials", "time_budget_s", "max_steps",
+                                                    "concurrency", "max_failures", "seed", "name")},
+                      executor_options=ray_options)
     return kwargs
 
 
@@ -86,3 +124,11 @@ def _check_keys(section: Any, allowed: tuple[str, ...], where: str) -> None:
     unknown = [k for k in section if k not in allowed]
     if unknown:
         raise ValueError(f"{where}: unknown key(s) {unknown}; allowed: {list(allowed)}")
+
+
+def _yaml_error(exc: yaml.YAMLError) -> str:
+    """A YAML parse error on one line: where (line and column, 1-based) and what."""
+    mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+    what = " ".join(str(part) for part in (getattr(exc, "context", None), getattr(exc, "problem", None)) if part)
+    return f"invalid YAML at {where}{what or ' '.join(str(exc).split())}"

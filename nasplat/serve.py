@@ -8,6 +8,7 @@ so a browser left open follows a running experiment. Routes: `/` (and `/report.h
 from __future__ import annotations
 
 import html
+import ipaddress
 import sys
 import threading
 import traceback
@@ -145,10 +146,30 @@ def serve(folder: str | Path, port: int = 0, host: str = "127.0.0.1") -> tuple[R
     return server, f"http://{shown}:{bound_port}/"
 
 
+def listen_address(server: ReportServer) -> str:
+    """The `host:port` the server's socket is really bound to."""
+    host, port = server.server_address[:2]
+    return f"{host}:{port}"
+
+
+def is_loopback_only(server: ReportServer) -> bool:
+    """Whether only this machine can connect: the socket is bound to a loopback address."""
+    try:
+        return ipaddress.ip_address(server.server_address[0]).is_loopback
+    except ValueError:  # a host name that did not resolve to a literal address
+        return False
+
+
 def serve_forever(folder: str | Path, port: int = 0, host: str = "127.0.0.1") -> None:
-    """Serve the live report until interrupted (Ctrl-C); prints the URL."""
+    """Serve the live report until interrupted (Ctrl-C). Prints the address the server listens on and where to
+    open the page; warns on stderr when the socket is reachable from other machines."""
     server, url = serve(folder, port, host)
-    print(f"nasplat: serving the report of {folder} at {url} (Ctrl-C to stop)", file=sys.stderr, flush=True)
+    print(f"nasplat: serving the live report of {folder}, listening on {listen_address(server)}; open {url} "
+          "(Ctrl-C to stop)", flush=True)
+    if not is_loopback_only(server):
+        print(f"nasplat: warning: listening on {listen_address(server)}, not on loopback: anyone who can reach this "
+              "machine on that port can read the report; use --host 127.0.0.1 and an SSH tunnel to keep it private",
+              file=sys.stderr, flush=True)
     try:
         server.serve_forever()
     except KeyboardInterrupt:

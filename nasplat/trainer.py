@@ -110,7 +110,34 @@ def resolve(target: Any, *, what: str) -> Any:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise ValueError(f"{what} {target!r}: cannot import module {module_name!r} ({exc})") from exc
+    except Exception as exc:  # the module's own code raised while importing: user code, named as such
+        raise ValueError(f"{what} {target!r}: importing module {module_name!r} raised "
+                         f"{type(exc).__name__}: {_one_line(exc)}") from exc
     try:
         return getattr(module, attribute)
     except AttributeError:
         raise ValueError(f"{what} {target!r}: module {module_name!r} has no attribute {attribute!r}") from None
+
+
+def check_trainer(trainer: Any) -> type[Trainer]:
+    """`trainer` itself if it is a subclass of `Trainer`; otherwise a TypeError that says what was given."""
+    if not (isinstance(trainer, type) and issubclass(trainer, Trainer)):
+        raise TypeError(f"`trainer` must be a subclass of nasplat.Trainer (or its dotted path 'module:Class'), "
+                        f"got {_describe(trainer)}")
+    return trainer
+
+
+def _describe(value: Any) -> str:
+    """`the class m.C`, `the function m.f`, `an instance of m.C`: what was given, by its qualified name."""
+    def qualified(obj: Any) -> str:
+        return f"{getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', type(obj).__name__)}"
+    if isinstance(value, type):
+        return f"the class {qualified(value)}"
+    if callable(value) and hasattr(value, "__qualname__"):
+        return f"the {type(value).__name__} {qualified(value)}"
+    return f"an instance of {qualified(type(value))}: {value!r}"[:200]
+
+
+def _one_line(exc: BaseException) -> str:
+    """An exception's message on one line."""
+    return " ".join(str(exc).split()) or "(no message)"

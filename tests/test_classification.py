@@ -16,10 +16,11 @@ import yaml
 import nasplat
 from nasplat.trainer import WorkerContext, resolve, start
 from search_spaces.cnn import PBT_ARCHITECTURE, build_model, pbt_space, space, space_1d
-from trainers.classification import ClassificationTrainer
+from trainers.classification import ClassificationTrainer, load_dataset
 
 ROOT = Path(__file__).resolve().parents[1]
 
+METRICS = ("train_loss", "valid_loss", "valid_acc", "test_loss", "test_acc", "epoch")
 GOOD = {"depth": copy.deepcopy(PBT_ARCHITECTURE), "head": 64, "lr": 0.05, "momentum": 0.9, "batch_size": 32,
         "weight_decay": 1e-4}
 
@@ -33,13 +34,26 @@ def weights(trainer: ClassificationTrainer) -> dict[str, torch.Tensor]:
 
 
 def test_good_config_reaches_95_percent_through_nasplat_run() -> None:
-    result = nasplat.run(trainer=ClassificationTrainer, space=GOOD, controller="random", metric="test_acc",
+    result = nasplat.run(trainer=ClassificationTrainer, space=GOOD, controller="random", metric="valid_acc",
                          max_trials=1, max_steps=3, executor="local", seed=0)
     assert result.counts() == {"completed": 1}
-    assert result.best["test_acc"] >= 0.95
+    assert result.best["valid_acc"] >= 0.95 and result.best["test_acc"] >= 0.95
     rows = result.dataframe()
     assert list(rows["epoch"]) == [1.0, 2.0, 3.0]
-    assert all(isinstance(rows[k].iloc[-1], float) for k in ("train_loss", "test_loss", "test_acc", "epoch"))
+    assert all(isinstance(rows[k].iloc[-1], float) for k in METRICS)
+
+
+@pytest.mark.parametrize("name", ["digits", "mnist1d"])
+def test_validation_is_a_stratified_share_of_the_training_set_disjoint_from_both_others(name: str) -> None:
+    data = load_dataset(name)
+    n_before = len(data.y_train) + len(data.y_valid)  # the original training set: 1,437 digits, 4,000 signals
+    assert n_before == {"digits": 1437, "mnist1d": 4000}[name] and len(data.y_valid) == int(np.ceil(0.2 * n_before))
+    training = {tuple(x.tolist()) for x in data.x_train.flatten(1)}
+    for held_out in (data.x_valid, data.x_test):
+        assert not any(tuple(x.tolist()) in training for x in held_out.flatten(1))
+    train_share = np.bincount(data.y_train.numpy(), minlength=10) / len(data.y_train)
+    valid_share = np.bincount(data.y_valid.numpy(), minlength=10) / len(data.y_valid)
+    assert np.abs(train_share - valid_share).max() < 0.01  # stratified: the same class shares
 
 
 def test_state_dict_round_trip_gives_identical_evaluation_and_next_step() -> None:
@@ -101,7 +115,7 @@ def test_a_mutated_child_inherits_the_parents_tensors_that_fit() -> None:
     for key, value in inherited.items():
         assert torch.equal(value, fresh[key] if key in changed else theirs[key]), key
     assert 0 < child.inherited < 1 and child.epoch == 0
-    assert child.step()["test_acc"] > 0.5  # and it trains on from there
+    assert child.step()["valid_acc"] > 0.5  # and it trains on from there
 
 
 class PlainSGD(nasplat.Trainer):
@@ -143,8 +157,8 @@ def test_every_sampled_config_is_valid_builds_and_trains(seed: int) -> None:
     space.validate(config)
     assert space.decode(space.encode(config))["depth"]["n"] == config["depth"]["n"]
     metrics = make(config, seed=seed).step()
-    assert set(metrics) == {"train_loss", "test_loss", "test_acc", "epoch", "params", "latency_ms"}
-    assert np.isfinite(metrics["train_loss"]) and 0.0 <= metrics["test_acc"] <= 1.0
+    assert set(metrics) == set(METRICS) | {"params", "latency_ms"}
+    assert np.isfinite(metrics["train_loss"]) and 0.0 <= metrics["valid_acc"] <= 1.0
     assert metrics["params"] == sum(p.numel() for p in build_model(config, 1, 10, (8, 8)).parameters())
 
 
@@ -166,7 +180,7 @@ def test_mnist1d_trains_with_1d_convolutions() -> None:
     assert any(isinstance(m, torch.nn.Conv1d) for m in trainer.net.modules())
     assert not any(isinstance(m, torch.nn.Conv2d) for m in trainer.net.modules())
     metrics = trainer.step()
-    assert np.isfinite(metrics["train_loss"]) and metrics["test_acc"] > 0.2  # chance is 0.1
+    assert np.isfinite(metrics["train_loss"]) and metrics["valid_acc"] > 0.2  # chance is 0.1
 
 
 def test_unknown_dataset_names_the_value_and_the_allowed_ones() -> None:
@@ -180,13 +194,13 @@ def test_bad_batch_size_is_named() -> None:
 
 
 def test_pbt_exploits_between_trainers() -> None:
-    result = nasplat.run(trainer=ClassificationTrainer, space=pbt_space, controller="pbt", metric="test_acc",
+    result = nasplat.run(trainer=ClassificationTrainer, space=pbt_space, controller="pbt", metric="valid_acc",
                          controller_options={"population_size": 4, "perturbation_interval": 2},
                          concurrency=4, max_trials=4, max_steps=4, executor="local", seed=0)
     rows = result.dataframe()
     assert result.counts() == {"completed": 4}
     assert rows["donor_id"].notna().any()
-    assert result.best["test_acc"] >= 0.95
+    assert result.best["valid_acc"] >= 0.95
 
 
 @pytest.mark.parametrize("name", ["quickstart.yaml", "pbt.yaml"])
@@ -203,12 +217,12 @@ def test_custom_space_example_runs() -> None:
     done = subprocess.run([sys.executable, str(ROOT / "examples" / "custom_space.py")], capture_output=True,
                           text=True, timeout=120, cwd=ROOT)
     assert done.returncode == 0, done.stderr
-    match = re.search(r"best test_acc=([0-9.]+)", done.stdout)
+    match = re.search(r"best valid_acc=([0-9.]+), its test_acc=([0-9.]+)", done.stdout)
     assert match is not None, done.stdout
-    assert float(match.group(1)) >= 0.95
+    assert float(match.group(1)) >= 0.95 and float(match.group(2)) >= 0.9
 
 
 def test_ranks_train_on_disjoint_shards_of_equal_length() -> None:
     shards = [start(ClassificationTrainer(), GOOD, WorkerContext(rank=r, world_size=2, seed=0)) for r in range(2)]
-    assert len(shards[0].y_train) == len(shards[1].y_train) == 1437 // 2
+    assert len(shards[0].y_train) == len(shards[1].y_train) == 1149 // 2
     assert not torch.equal(shards[0].x_train[:5], shards[1].x_train[:5])

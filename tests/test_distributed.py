@@ -186,6 +186,25 @@ def test_topk_error_feedback_sends_everything_eventually():
     assert torch.allclose(sent + backend.residuals[0], pushed, atol=1e-5)
 
 
+def test_rendezvous_port_is_held_by_rank_0s_store_from_the_moment_it_is_chosen():
+    """No bind-close-reuse: while the store lives, nobody else can bind its port, and a rank connects through it."""
+    import socket
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from nasplat.distributed.allreduce import host_store
+
+    store, address = host_store("127.0.0.1", timeout_s=10)
+    host, port = address.rsplit(":", 1)
+    assert host == "127.0.0.1" and int(port) == store.port > 0
+    with socket.socket() as other, pytest.raises(OSError, match="Address already in use"):
+        other.bind((host, int(port)))
+    client = dist.TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=10))
+    client.set("rank-1", "here")
+    assert store.get("rank-1") == b"here"
+
+
 def test_parameter_server_bounds_staleness_and_restores_its_snapshot(tmp_path):
     """The server class without Ray: rank 0 may lead rank 1 by `max_staleness` pushes, no more; a rank between
     steps holds nobody back; a new server on the same snapshot path resumes the shard."""
@@ -284,8 +303,8 @@ def test_a_reused_gang_sets_up_nothing_new(gangs):
     assert gang.last_setup_s == 0.0 and gang.created == created
     assert [{**rank, "trial_id": 2} for rank in identity] == gang.identity()
     assert second[0]["test_acc"] == first[0]["test_acc"]
+    # The counters above decide that nothing was set up again; the times are printed, not compared (a busy machine).
     print(f"gang set-up {gang.startup_s:.2f} s (first trial only); a whole 2-epoch trial on it {relaunch:.2f} s")
-    assert relaunch < gang.startup_s
 
 
 # -- on Ray: gossip ---------------------------------------------------------------------------------------------
@@ -335,10 +354,12 @@ def test_killed_parameter_server_restarts_from_its_snapshot_and_the_trial_goes_o
     config = {"lr": 0.05, "momentum": 0.9, "batch_size": 16, "epochs_per_step": 6}
     gang = gangs("async")
     run_gang(gang, config, seed=2, steps=1)
-    pid = ray.get(gang.servers[0].info.remote())["pid"]
+    before = ray.get(gang.servers[0].info.remote())
     refs = gang.step()
-    time.sleep(0.3)
-    assert ray.wait(refs, num_returns=len(refs), timeout=0)[0] == []  # the step is still running
+    while ray.get(gang.servers[0].info.remote())["updates"] == before["updates"]:  # until the step's first push
+        ray.wait(refs, num_returns=len(refs), timeout=0.01)
+    assert ray.wait(refs, num_returns=len(refs), timeout=0)[0] == []  # the step is still running (6 epochs)
+    pid = before["pid"]
     os.kill(pid, signal.SIGKILL)
     metrics = ray.get(refs)  # no error: the workers retried against the restarted server
     info = ray.get(gang.servers[0].info.remote())

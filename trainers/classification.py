@@ -1,7 +1,9 @@
 """Image / signal classification with the CNNs of `search_spaces.cnn`: sklearn digits (8x8) or MNIST-1D (40).
 
 One `step` is `epochs_per_step` epochs of SGD over this worker's shard of the training set, then an
-evaluation on the whole test set. Both data sets are built offline and deterministically, once per process.
+evaluation on the validation set (held out of the training set, stratified, with a fixed seed) and on the test set.
+Search on `valid_acc`: `test_acc` is reported only to be looked at, never to select architectures on. Both data
+sets are built offline and deterministically, once per process.
 """
 
 from __future__ import annotations
@@ -9,7 +11,7 @@ from __future__ import annotations
 import random
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -20,15 +22,19 @@ from nasplat.trainer import Trainer, WorkerContext
 from search_spaces.cnn import architecture, build_model
 
 DATASETS = ("digits", "mnist1d")
-SPLIT_SEED = 0  # the train/test split is fixed, independent of the trial seed
+SPLIT_SEED = 0  # the train/validation/test split is fixed, independent of the trial seed
+VALID_FRACTION = 0.2  # of the training set, held out for selection
 
 
 @dataclass(frozen=True)
 class Data:
-    """Standardised tensors: x of shape (n, channels, *spatial), y of class indices."""
+    """Standardised tensors: x of shape (n, channels, *spatial), y of class indices. The validation set is a
+    stratified share of the original training set; the test set is never used for search."""
 
     x_train: torch.Tensor
     y_train: torch.Tensor
+    x_valid: torch.Tensor
+    y_valid: torch.Tensor
     x_test: torch.Tensor
     y_test: torch.Tensor
     num_classes: int
@@ -60,7 +66,7 @@ def _load_digits() -> Data:
 
     x, y = load_digits(return_X_y=True)  # 1,797 images of 8x8 pixels in [0, 16]
     x_train, x_test, y_train, y_test = train_test_split(x, y, test_size=360, stratify=y, random_state=SPLIT_SEED)
-    return _standardise(x_train, y_train, x_test, y_test, shape=(1, 8, 8))
+    return _split_and_standardise(x_train, y_train, x_test, y_test, shape=(1, 8, 8))
 
 
 def _load_mnist1d() -> Data:
@@ -73,28 +79,37 @@ def _load_mnist1d() -> Data:
     finally:
         random.setstate(py_state)
         np.random.set_state(np_state)
-    return _standardise(data["x"], data["y"], data["x_test"], data["y_test"], shape=(1, 40))
+    return _split_and_standardise(data["x"], data["y"], data["x_test"], data["y_test"], shape=(1, 40))
 
 
-def _standardise(x_train: np.ndarray, y_train: np.ndarray, x_test: np.ndarray, y_test: np.ndarray,
-                 shape: tuple[int, ...]) -> Data:
-    """Per-feature standardisation with training statistics (constant features keep a scale of 1)."""
+def _split_and_standardise(x_train: np.ndarray, y_train: np.ndarray, x_test: np.ndarray, y_test: np.ndarray,
+                           shape: tuple[int, ...]) -> Data:
+    """Hold a stratified validation share out of the training set, then standardise every split per feature with
+    the statistics of what is left for training (constant features keep a scale of 1)."""
+    from sklearn.model_selection import train_test_split
+
+    x_train, x_valid, y_train, y_valid = train_test_split(x_train, y_train, test_size=VALID_FRACTION, stratify=y_train,
+                                                          random_state=SPLIT_SEED)
     mean, std = x_train.mean(axis=0), x_train.std(axis=0)
     std = np.where(std > 1e-8, std, 1.0)
 
     def tensor(x: np.ndarray) -> torch.Tensor:
         return torch.as_tensor((x - mean) / std, dtype=torch.float32).reshape(len(x), *shape)
 
-    return Data(tensor(x_train), torch.as_tensor(y_train, dtype=torch.long), tensor(x_test),
-                torch.as_tensor(y_test, dtype=torch.long), int(max(y_train.max(), y_test.max())) + 1)
+    def labels(y: np.ndarray) -> torch.Tensor:
+        return torch.as_tensor(y, dtype=torch.long)
+
+    return Data(tensor(x_train), labels(y_train), tensor(x_valid), labels(y_valid), tensor(x_test), labels(y_test),
+                int(max(y_train.max(), y_valid.max(), y_test.max())) + 1)
 
 
 class ClassificationTrainer(Trainer):
-    """Trains a `search_spaces.cnn` config with SGD (momentum, weight decay); one step = some epochs + a test.
+    """Trains a `search_spaces.cnn` config with SGD (momentum, weight decay); one step = some epochs + evaluations.
 
     Config keys: the CNN space's (`depth`, `head`, `lr`, `momentum`, `batch_size`, `weight_decay`), and
     optionally `dataset` (`"digits"` or `"mnist1d"`, default `self.dataset`) and `epochs_per_step` (default 1).
-    Reports `train_loss`, `test_loss`, `test_acc` and `epoch` (epochs trained so far).
+    Reports `train_loss`, `valid_loss`, `valid_acc` (the metric to search on), `test_loss`, `test_acc` (to report
+    only) and `epoch` (epochs trained so far).
     """
 
     dataset: str = "digits"
@@ -125,9 +140,14 @@ class ClassificationTrainer(Trainer):
     def step(self) -> dict[str, Any]:
         for _ in range(self.epochs_per_step):
             train_loss = self.train_epoch()
-        test_loss, test_acc = self.evaluate()
-        return {"train_loss": train_loss, "test_loss": test_loss, "test_acc": test_acc, "epoch": float(self.epoch),
+        return {"train_loss": train_loss, **self.evaluation_metrics(), "epoch": float(self.epoch),
                 **inference_cost(self.net, self.data.x_test[:1].to(self.ctx.device))}
+
+    def evaluation_metrics(self) -> dict[str, float]:
+        """`valid_loss`, `valid_acc` (held out of the training set: search on these) and `test_loss`, `test_acc`."""
+        valid_loss, valid_acc = self.evaluate("valid")
+        test_loss, test_acc = self.evaluate("test")
+        return {"valid_loss": valid_loss, "valid_acc": valid_acc, "test_loss": test_loss, "test_acc": test_acc}
 
     def train_epoch(self) -> float:
         """One pass over the shard in a fresh order (a function of the seed and the epoch); the mean loss."""
@@ -149,10 +169,13 @@ class ClassificationTrainer(Trainer):
         return total / max(count, 1)
 
     @torch.no_grad()
-    def evaluate(self) -> tuple[float, float]:
-        """(mean cross-entropy, accuracy) on the whole test set."""
+    def evaluate(self, split: Literal["valid", "test"] = "valid") -> tuple[float, float]:
+        """(mean cross-entropy, accuracy) on the whole validation or test set."""
+        if split not in ("valid", "test"):
+            raise ValueError(f"split must be 'valid' or 'test', got {split!r}")
         self.model.eval()
-        x, y = self.data.x_test.to(self.ctx.device), self.data.y_test.to(self.ctx.device)
+        x, y = getattr(self.data, f"x_{split}"), getattr(self.data, f"y_{split}")
+        x, y = x.to(self.ctx.device), y.to(self.ctx.device)
         logits = self.model(x)
         accuracy = (logits.argmax(dim=1) == y).float().mean().item()
         return F.cross_entropy(logits, y).item(), accuracy

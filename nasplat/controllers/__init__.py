@@ -1,5 +1,11 @@
 """Search controllers: pure-Python ask/tell strategies, no Ray import."""
 
+from __future__ import annotations
+
+import inspect
+from collections.abc import Mapping
+from typing import Any
+
 from nasplat.controllers.base import (
     CONTINUE, PAUSE, STOP, Continue, Controller, Decision, Exploit, Pause, Result, Stop, TrialSpec,
 )
@@ -18,9 +24,50 @@ CONTROLLERS: dict[str, type[Controller]] = {
     "reinforce": Reinforce,
     "optuna": OptunaSampler,
 }
+# Set by the experiment itself (its space, metric, mode and seed), never as a controller option.
+EXPERIMENT_LEVEL = ("space", "metric", "mode", "seed")
+
+
+def controller_options(cls: type[Controller]) -> list[str] | None:
+    """The option names `cls` takes, from its constructor's signature and those of the classes its `**kwargs`
+    reach; None when the chain ends in a `**kwargs` that accepts anything."""
+    names: list[str] = []
+    for klass in cls.__mro__:
+        init = klass.__dict__.get("__init__")
+        if init is None:
+            continue
+        parameters = list(inspect.signature(init).parameters.values())[1:]  # without self
+        names += [p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+                  and p.name not in names]
+        if not any(p.kind is p.VAR_KEYWORD for p in parameters):
+            return [name for name in names if name not in EXPERIMENT_LEVEL]
+        if klass is Controller:
+            break
+    return None
+
+
+def check_controller_options(cls: type[Controller], options: Mapping[str, Any] | None) -> dict[str, Any]:
+    """`options` as a dict, after checking each name against what `cls` takes; a misspelled option is named
+    together with the allowed ones. The values are checked by the constructor itself."""
+    options = dict(options or {})
+    label = next((name for name, klass in CONTROLLERS.items() if klass is cls), cls.__name__)
+    keys = [k for k in options if not isinstance(k, str)]
+    if keys:
+        raise ValueError(f"controller option names must be strings, got {keys} for controller {label!r}")
+    misplaced = [k for k in options if k in EXPERIMENT_LEVEL]
+    if misplaced:
+        raise ValueError(f"controller options {misplaced} belong to the experiment itself (top-level "
+                         f"{list(EXPERIMENT_LEVEL)[1:]}), not to controller {label!r}")
+    allowed = controller_options(cls)
+    unknown = [k for k in options if allowed is not None and k not in allowed]
+    if unknown:
+        raise ValueError(f"unknown option(s) {unknown} for controller {label!r}; allowed: {allowed}")
+    return options
+
 
 __all__ = [
     "CONTINUE", "CONTROLLERS", "PAUSE", "STOP", "Continue", "Controller", "Decision", "Exploit",
     "MultiObjectiveEvolution", "OptunaSampler", "Pause", "PopulationBasedTraining", "RandomSearch",
     "RegularizedEvolution", "Reinforce", "Result", "Stop", "TrialSpec",
+    "check_controller_options", "controller_options",
 ]

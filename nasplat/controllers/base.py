@@ -13,6 +13,7 @@ import numpy as np
 
 from nasplat.pareto import parse_constraints, parse_objectives, signs, total_violation
 from nasplat.space import Config, Space
+from nasplat.validation import check_int
 
 
 @dataclass(frozen=True)
@@ -84,6 +85,7 @@ class Controller(ABC):
             raise ValueError(f"{type(self).__name__} optimises one metric without constraints, got "
                              f"metric={list(self.metrics)}, constraints={[str(c) for c in self.constraints]}; "
                              f"for several objectives or constraints use 'mo_evolution', 'random' or 'optuna'")
+        check_int("seed", seed, minimum=0)
         self.space = space if isinstance(space, Space) else Space(space)
         self.metric, self.mode, self.seed = self.metrics[0], self.modes[0], seed
         self._signs = signs(self.modes)

@@ -8,6 +8,7 @@ from typing import Any
 from nasplat.controllers.base import Controller, Result, TrialSpec
 from nasplat.domains import copy_config
 from nasplat.space import Config, Space
+from nasplat.validation import check_int
 
 
 class RegularizedEvolution(Controller):
@@ -22,9 +23,8 @@ class RegularizedEvolution(Controller):
     def __init__(self, space: Space | Mapping[str, Any], *, population_size: int = 10, sample_size: int = 3,
                  inherit_weights: bool = False, **kwargs: Any) -> None:
         super().__init__(space, **kwargs)
-        if not isinstance(population_size, int) or population_size < 1:
-            raise ValueError(f"`population_size` must be an integer >= 1, got {population_size=!r}")
-        if not isinstance(sample_size, int) or not 1 <= sample_size <= population_size:
+        check_int("population_size", population_size, minimum=1)
+        if isinstance(sample_size, bool) or not isinstance(sample_size, int) or not 1 <= sample_size <= population_size:
             raise ValueError(f"`sample_size` must be in [1, population_size], got {sample_size=!r}, {population_size=}")
         if not isinstance(inherit_weights, bool):
             raise TypeError(f"`inherit_weights` must be True or False, got {inherit_weights=!r}")

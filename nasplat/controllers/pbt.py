@@ -9,6 +9,7 @@ from typing import Any
 from nasplat.controllers.base import CONTINUE, Controller, Decision, Exploit, Result, TrialSpec
 from nasplat.domains import copy_config, random_index
 from nasplat.space import Config, Space
+from nasplat.validation import check_int, check_real
 
 
 class PopulationBasedTraining(Controller):
@@ -24,13 +25,11 @@ class PopulationBasedTraining(Controller):
                  quantile_fraction: float = 0.25, resample_probability: float = 0.25,
                  initial_configs: Sequence[Config] = (), **kwargs: Any) -> None:
         super().__init__(space, **kwargs)
-        if not isinstance(population_size, int) or population_size < 2:
-            raise ValueError(f"`population_size` must be an integer >= 2, got {population_size=!r}")
-        if not isinstance(perturbation_interval, int) or perturbation_interval < 1:
-            raise ValueError(f"`perturbation_interval` must be an integer >= 1, got {perturbation_interval=!r}")
-        if not 0.0 < quantile_fraction <= 0.5:
+        check_int("population_size", population_size, minimum=2)
+        check_int("perturbation_interval", perturbation_interval, minimum=1)
+        if check_real("quantile_fraction", quantile_fraction, minimum=0, strict=True) > 0.5:
             raise ValueError(f"`quantile_fraction` must be in (0, 0.5], got {quantile_fraction=!r}")
-        if not 0.0 <= resample_probability <= 1.0:
+        if check_real("resample_probability", resample_probability, minimum=0) > 1.0:
             raise ValueError(f"`resample_probability` must be in [0, 1], got {resample_probability=!r}")
         if len(initial_configs) > population_size:
             raise ValueError(f"got {len(initial_configs)} `initial_configs` for {population_size=}")

@@ -9,6 +9,7 @@ import numpy as np
 
 from nasplat.controllers.base import Controller, Result, TrialSpec
 from nasplat.space import Space
+from nasplat.validation import check_real
 
 
 class Reinforce(Controller):
@@ -21,9 +22,8 @@ class Reinforce(Controller):
     def __init__(self, space: Space | Mapping[str, Any], *, learning_rate: float = 0.05,
                  baseline_decay: float = 0.9, **kwargs: Any) -> None:
         super().__init__(space, **kwargs)
-        if not learning_rate > 0:
-            raise ValueError(f"`learning_rate` must be > 0, got {learning_rate=!r}")
-        if not 0.0 <= baseline_decay < 1.0:
+        check_real("learning_rate", learning_rate, minimum=0, strict=True)
+        if not 0.0 <= check_real("baseline_decay", baseline_decay) < 1.0:
             raise ValueError(f"`baseline_decay` must be in [0, 1), got {baseline_decay=!r}")
         self.learning_rate, self.baseline_decay = learning_rate, baseline_decay
         self.logits = [np.zeros(n) for n in self.space.cardinalities()]

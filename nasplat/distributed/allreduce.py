@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 from datetime import timedelta
 from typing import Any
 
@@ -13,27 +12,29 @@ from torch.nn.parallel import DistributedDataParallel
 from nasplat.distributed.context import Backend
 
 
-def rendezvous() -> str:
-    """`tcp://<this node's address>:<a free port>`: where rank 0 hosts the process group's store."""
-    import ray
-
-    host = ray.util.get_node_ip_address()
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        port = sock.getsockname()[1]
-    return f"tcp://{host}:{port}"
+def host_store(host: str, timeout_s: float) -> tuple[dist.TCPStore, str]:
+    """Rank 0's side of the rendezvous: a TCPStore listening on `host` at a port the OS assigns, held by the store
+    from the moment it is chosen (no window in which another process could take it). Returns the store, which
+    rank 0 keeps for `join_group`, and its `host:port` for the other ranks."""
+    store = dist.TCPStore(host, 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=float(timeout_s)))
+    return store, f"{host}:{store.port}"
 
 
-def join_group(address: str, rank: int, world_size: int, device: torch.device, timeout_s: float) -> str:
-    """Join the gang's default process group (gloo on CPU, NCCL on GPU); once per process, reused by every trial."""
+def join_group(address: str, rank: int, world_size: int, device: torch.device, timeout_s: float,
+               store: dist.Store | None = None) -> str:
+    """Join the gang's default process group (gloo on CPU, NCCL on GPU) through rank 0's store at `address`
+    (rank 0 passes the `store` it hosts); once per process, reused by every trial."""
     if dist.is_initialized():
         raise RuntimeError(f"this process already belongs to a process group (rank {dist.get_rank()} of "
                            f"{dist.get_world_size()}); a gang forms its group once, in `Gang.ready`")
     kind = "nccl" if device.type == "cuda" else "gloo"
     if kind == "nccl":
         torch.cuda.set_device(device)
-    dist.init_process_group(kind, init_method=address, rank=rank, world_size=world_size,
-                            timeout=timedelta(seconds=float(timeout_s)))
+    timeout = timedelta(seconds=float(timeout_s))
+    if store is None:
+        host, _, port = address.rpartition(":")
+        store = dist.TCPStore(host, int(port), is_master=False, timeout=timeout)
+    dist.init_process_group(kind, store=store, rank=rank, world_size=world_size, timeout=timeout)
     # A first collective, so that a broken rendezvous fails here and not in the first trial.
     probe = torch.ones(1, device=device)
     dist.all_reduce(probe)

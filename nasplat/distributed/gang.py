@@ -47,6 +47,7 @@ class Worker:
         self.trainer: Trainer | None = None
         self.trial_id = -1
         self.group_uid, self.group_inits = "", 0
+        self.store: Any = None  # rank 0: the process group's TCPStore, hosted from `rendezvous` on
 
     def __repr__(self) -> str:  # the Ray dashboard and log prefixes show this
         # getattr: Ray also calls this when __init__ failed half-way, to name the actor in the error
@@ -60,13 +61,16 @@ class Worker:
         return ray.get_runtime_context().get_node_id()
 
     def rendezvous(self) -> str:
-        from nasplat.distributed.allreduce import rendezvous
-        return rendezvous()
+        """Rank 0: host the process group's store on this node; its `host:port` for the other ranks."""
+        from nasplat.distributed.allreduce import host_store
+        self.store, address = host_store(ray.util.get_node_ip_address(), self.impl.options["timeout_s"])
+        return address
 
     def connect(self, address: str, group_uid: str) -> str:
         """Join the gang's process group (once in this actor's life)."""
         from nasplat.distributed.allreduce import join_group
-        kind = join_group(address, self.rank, self.world_size, self.device, self.impl.options["timeout_s"])
+        kind = join_group(address, self.rank, self.world_size, self.device, self.impl.options["timeout_s"],
+                          store=self.store)
         self.group_uid, self.group_inits = group_uid, self.group_inits + 1
         return kind
 
