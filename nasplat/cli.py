@@ -15,9 +15,8 @@ from typing import NoReturn
 
 import nasplat
 from nasplat.experiment import load_experiment
-from nasplat.trials import ExperimentFailed
 from nasplat.results import ExperimentResult
-from nasplat.storage import JOURNAL_FILE, FolderInUse, read_rows
+from nasplat.storage import JOURNAL_FILE, read_rows
 from nasplat.trainer import check_trainer, resolve
 
 

@@ -13,16 +13,13 @@ from typing import Any
 
 import yaml
 
+from nasplat.controllers import CONTROLLERS, check_controller_options
 from nasplat.pareto import parse_constraints, parse_objectives
+from nasplat.validation import check_choice, check_run_options
 
 TOP_KEYS = ("name", "trainer", "space", "metric", "mode", "constraints", "controller", "budget", "resources",
             "executor", "storage", "seed", "max_failures", "max_failed_trials", "checkpoint", "callbacks",
             "scheduler")
-from nasplat.controllers import CONTROLLERS, check_controller_options
-from nasplat.validation import check_choice, check_run_options
-
-TOP_KEYS = ("name", "trainer", "space", "metric", "mode", "controller", "budget", "resources", "executor", "storage",
-            "seed", "max_failures")
 REQUIRED = ("trainer", "space", "metric", "controller", "budget")
 BUDGET_KEYS = ("max_trials", "time_budget_s", "max_steps")
 RESOURCE_KEYS = ("concurrency", "cpus_per_trial", "gpus_per_trial", "workers", "backend", "strategy", "backend_options")
@@ -87,15 +84,14 @@ def _translate(spec: Mapping[str, Any], source: str) -> dict[str, Any]:
     mode = spec.get("mode", "max")
     storage = spec.get("storage")
     if storage is not None and (not isinstance(storage, str) or not storage):
-        raise ValueError(f"`storage` must be a folder path (a string), got storage={storage!r}")
-    if isinstance(mode, str) and mode not in ("max", "min"):
-        raise ValueError(f"{source}: 'mode' must be 'max' or 'min', got {mode!r}")
+        raise ValueError(f"`storage` must be a folder path or a URI (a string), got storage={storage!r}")
+    if isinstance(mode, str):
+        check_choice("mode", mode, ("max", "min"))
     try:  # one metric and mode, or lists of them (several objectives), and metric thresholds
         parse_objectives(spec["metric"], mode)
         parse_constraints(spec.get("constraints"))
     except ValueError as error:
         raise ValueError(f"{source}: {error}") from None
-    options = {k: v for k, v in controller.items() if k != "name"}
     kwargs: dict[str, Any] = dict(
         trainer=spec["trainer"], space=spec["space"], metric=spec["metric"], mode=mode,
         constraints=spec.get("constraints"),
@@ -113,7 +109,8 @@ def _translate(spec: Mapping[str, Any], source: str) -> dict[str, Any]:
     if spec.get("callbacks"):  # names or mappings, built (and checked) by `nasplat.run`: the spec stays plain data
         kwargs["callbacks"] = spec["callbacks"]
     check_run_options(**{k: kwargs.get(k) for k in ("metric", "mode", "max_trials", "time_budget_s", "max_steps",
-                                                    "concurrency", "max_failures", "seed", "name")},
+                                                    "concurrency", "max_failures", "max_failed_trials", "seed",
+                                                    "name")},
                       executor_options=ray_options)
     return kwargs
 

@@ -25,13 +25,13 @@ def parse_objectives(metric: str | Sequence[str], mode: str | Sequence[str]) -> 
     """`(metrics, modes)` as tuples of equal length; one `mode` string applies to every metric."""
     metrics = (metric,) if isinstance(metric, str) else tuple(metric) if isinstance(metric, Sequence) else None
     if not metrics or not all(isinstance(m, str) and m for m in metrics):
-        raise ValueError(f"metric must be a non-empty string naming a reported metric, or a non-empty list of "
+        raise ValueError(f"`metric` must be a non-empty string naming a reported metric, or a non-empty list of "
                          f"them, got {metric=!r}")
     if len(set(metrics)) != len(metrics):
         raise ValueError(f"metric names must be distinct, got {metric=!r}")
     modes = (mode,) * len(metrics) if isinstance(mode, str) else tuple(mode) if isinstance(mode, Sequence) else ()
     if len(modes) != len(metrics) or not all(m in MODES for m in modes):
-        raise ValueError(f"mode must be 'max' or 'min', or a list of them, one per metric; got {mode=!r} for "
+        raise ValueError(f"`mode` must be 'max' or 'min', or a list of them, one per metric; got {mode=!r} for "
                          f"{len(metrics)} metric(s) {list(metrics)}")
     return metrics, modes
 

@@ -167,7 +167,7 @@ def test_resume_after_the_driver_is_killed_loses_and_duplicates_nothing(tmp_path
 def test_bad_arguments_name_the_value_and_what_is_allowed():
     with pytest.raises(ValueError, match="unknown controller 'evolve'.*allowed"):
         nasplat.run(trainer=Quadratic, space=SPACE, metric="score", controller="evolve", max_trials=1)
-    with pytest.raises(ValueError, match="max_trials.*got 0"):
+    with pytest.raises(ValueError, match="max_trials.*got max_trials=0"):
         nasplat.run(trainer=Quadratic, space=SPACE, metric="score", max_trials=0)
     with pytest.raises(ValueError, match="budget needs"):
         nasplat.run(trainer=Quadratic, space=SPACE, metric="score")

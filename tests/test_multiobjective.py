@@ -141,7 +141,7 @@ def test_yaml_objectives_and_constraints_are_checked_by_name() -> None:
     assert experiment_kwargs({**spec, "constraints": ["params_mb <= 1"]})["constraints"] == ["params_mb <= 1"]
     with pytest.raises(ValueError, match=r"^exp\.yaml: a constraint must read .*got 'params_mb < 1'"):
         experiment_kwargs({**spec, "constraints": ["params_mb < 1"]}, source="exp.yaml")
-    with pytest.raises(ValueError, match=r"^exp\.yaml: mode must be .*one per metric; got mode=\['max'\]"):
+    with pytest.raises(ValueError, match=r"^exp\.yaml: `mode` must be .*one per metric; got mode=\['max'\]"):
         experiment_kwargs({**spec, "mode": ["max"]}, source="exp.yaml")
 
 

@@ -25,7 +25,7 @@ CONTROLLERS: dict[str, type[Controller]] = {
     "optuna": OptunaSampler,
 }
 # Set by the experiment itself (its space, metric, mode and seed), never as a controller option.
-EXPERIMENT_LEVEL = ("space", "metric", "mode", "seed")
+EXPERIMENT_LEVEL = ("space", "metric", "mode", "constraints", "seed")
 
 
 def controller_options(cls: type[Controller]) -> list[str] | None:
