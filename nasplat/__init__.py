@@ -16,8 +16,8 @@ from nasplat.trainer import Trainer, WorkerContext
 __version__ = "0.1.0"
 
 __all__ = [
-    "CheckpointPolicy", "Choice", "Continue", "Controller", "ExperimentFailed", "ExperimentResult", "Exploit", "Float", "Int", "OptunaSampler",
-    "PopulationBasedTraining", "RandomSearch", "RegularizedEvolution", "Reinforce", "Result", "Space", "Stop",
-    "Trainer", "TrialSpec", "WorkerContext", "resume", "run", "space_from_optuna", "space_from_tune",
-    "to_optuna",
+    "CheckpointPolicy", "Choice", "Continue", "Controller", "ExperimentFailed", "ExperimentResult", "Exploit",
+    "Float", "Int", "OptunaSampler", "PopulationBasedTraining", "RandomSearch", "RegularizedEvolution", "Reinforce",
+    "Result", "Space", "Stop", "Trainer", "TrialSpec", "WorkerContext", "resume", "run", "space_from_optuna",
+    "space_from_tune", "to_optuna",
 ]

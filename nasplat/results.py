@@ -85,7 +85,8 @@ class ExperimentResult:
         best: dict[int, dict[str, Any]] = {}
         for row in self.rows:
             value = row.get(self.metric)
-            if row.get("status") in ("failed", "retried") or not isinstance(value, (int, float)) or not math.isfinite(value):
+            if row.get("status") in ("failed", "retried") or not isinstance(value, (int, float)) \
+                    or not math.isfinite(value):
                 continue
             current = best.get(row["trial_id"])
             if current is None or better(value, current[self.metric], self.mode):

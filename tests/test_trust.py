@@ -71,8 +71,8 @@ class AlwaysFails(Trainer):
 
 
 def test_more_failed_trials_than_allowed_stop_the_run_with_the_first_errors(tmp_path):
-    with pytest.raises(ExperimentFailed, match=r"4 trials failed, more than max_failed_trials=3.*trial 0: RuntimeError: "
-                                               r"cannot build x="):
+    message = r"4 trials failed, more than max_failed_trials=3.*trial 0: RuntimeError: cannot build x="
+    with pytest.raises(ExperimentFailed, match=message):
         nasplat.run(trainer=AlwaysFails, space=SPACE, metric="score", max_trials=1000, time_budget_s=1e9,
                     max_failed_trials=3, storage=tmp_path, name="doomed", concurrency=2)
     rows = ExperimentResult.load(tmp_path / "doomed").rows

@@ -124,7 +124,8 @@ def test_budget_numbers_must_be_numbers(folder: Path, budget_line: str, message:
      "unknown option(s) ['populaton_size'] for controller 'evolution'; "
      "allowed: ['population_size', 'sample_size', 'inherit_weights']"),
     ({"controller": {"name": "evolution", "seed": 3}}, "controller options ['seed'] belong to the experiment itself"),
-    ({"controller": "evolve"}, "`controller` must be one of ['evolution', 'mo_evolution', 'optuna', 'pbt', 'random', 'reinforce']"),
+    ({"controller": "evolve"},
+     "`controller` must be one of ['evolution', 'mo_evolution', 'optuna', 'pbt', 'random', 'reinforce']"),
     ({"controller": {"name": "evolution", "population_size": True}}, "`population_size` must be an integer >= 1"),
     ({"controller": {"name": "pbt", "quantile_fraction": "0.25"}}, "`quantile_fraction` must be a finite number > 0"),
     ({"metric": ""}, "`metric` must be a non-empty string"),
