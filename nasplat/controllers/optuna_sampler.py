@@ -7,14 +7,18 @@ from typing import TYPE_CHECKING, Any
 
 from nasplat.controllers.base import Controller, Result, TrialSpec
 from nasplat.domains import copy_config
-from nasplat.space import Choice, Config, Float, Int, Space
+from nasplat.space import MAX_ATTEMPTS, Choice, Config, Float, ForbiddenConfigError, Int, Space
 
 if TYPE_CHECKING:  # imported when first used: trial workers never pay for Optuna
     import optuna
 
 
 class OptunaSampler(Controller):
-    """Proposes configs with `sampler` (default: `TPESampler(seed=seed)`); conditional spaces define-by-run."""
+    """Proposes configs with `sampler` (default: `TPESampler(seed=seed)`); conditional spaces define-by-run.
+
+    In a space with rules, a suggested config that breaks one is told to Optuna as a failed trial and
+    the sampler is asked again (at most `MAX_ATTEMPTS` times).
+    """
 
     def __init__(self, space: Space | Mapping[str, Any], *, sampler: optuna.samplers.BaseSampler | None = None,
                  **kwargs: Any) -> None:
@@ -27,10 +31,18 @@ class OptunaSampler(Controller):
         self.pending: dict[int, int] = {}  # trial_id -> Optuna trial number
 
     def ask(self) -> TrialSpec:
-        trial = self.study.ask()
-        spec = self._propose(_suggest(self.space, trial, ""))
-        self.pending[spec.trial_id] = trial.number
-        return spec
+        from optuna.trial import TrialState
+
+        for _ in range(MAX_ATTEMPTS):
+            trial = self.study.ask()
+            config = _suggest(self.space, trial, "")
+            if self.space.allows(config):
+                spec = self._propose(config)
+                self.pending[spec.trial_id] = trial.number
+                return spec
+            self.study.tell(trial.number, state=TrialState.FAIL)
+        raise ForbiddenConfigError(f"Optuna: {MAX_ATTEMPTS} suggested configs in a row were forbidden by the "
+                                   f"space's rules {sorted(self.space.forbidden)}")
 
     def tell(self, trial_id: int, result: Result) -> None:
         score = self._score_of(trial_id, result)
