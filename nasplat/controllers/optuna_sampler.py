@@ -16,8 +16,9 @@ if TYPE_CHECKING:  # imported when first used: trial workers never pay for Optun
 class OptunaSampler(Controller):
     """Proposes configs with `sampler` (default: `TPESampler(seed=seed)`); conditional spaces define-by-run.
 
-    In a space with rules, a suggested config that breaks one is told to Optuna as a failed trial and
-    the sampler is asked again (at most `MAX_ATTEMPTS` times).
+    In a space with rules, a suggested config that breaks one is told to Optuna as a pruned trial with no
+    value (samplers such as TPE rank those below every completed trial, so they learn to avoid the
+    region) and the sampler is asked again, at most `MAX_ATTEMPTS` times.
     """
 
     def __init__(self, space: Space | Mapping[str, Any], *, sampler: optuna.samplers.BaseSampler | None = None,
@@ -40,7 +41,7 @@ class OptunaSampler(Controller):
                 spec = self._propose(config)
                 self.pending[spec.trial_id] = trial.number
                 return spec
-            self.study.tell(trial.number, state=TrialState.FAIL)
+            self.study.tell(trial.number, state=TrialState.PRUNED)
         raise ForbiddenConfigError(f"Optuna: {MAX_ATTEMPTS} suggested configs in a row were forbidden by the "
                                    f"space's rules {sorted(self.space.forbidden)}")
 
