@@ -26,7 +26,9 @@ from trainers.nb201_table import NB201Table, best_possible
 PUBLISHED = {"cifar10": {"rea": (93.92, 0.30), "reinforce": (93.85, 0.37), "random": (93.70, 0.36)}}
 CONTROLLERS = {
     "rea": ("evolution", {"population_size": 10, "sample_size": 3}),
-    "reinforce": ("reinforce", {"learning_rate": 0.05, "baseline_decay": 0.9}),
+    # 0.045: the rate applied until REINFORCE stopped scaling it by the baseline decay (0.9 x 0.05), which
+    # reproduces Table 5; the same 0.05 applied as given now makes 93.77 ± 0.60 (500 runs)
+    "reinforce": ("reinforce", {"learning_rate": 0.045, "baseline_decay": 0.9}),
     "random": ("random", {}),
     "local_search": ("local_search", {"initial_samples": 10}),
     "predictor": ("predictor", {}),

@@ -65,38 +65,50 @@ class Predictor(Controller):
         self.features = np.zeros((0, self.encoder.size), dtype=np.float32)
         self.scores = np.zeros(0)
         self.unfitted = 0  # results that arrived since the last fit
+        self.around: dict[Any, tuple[list[Any], list[Config], np.ndarray]] = {}  # neighbourhoods of the best
 
     def ask(self) -> TrialSpec:
         if len(self.scores) < self.initial_samples:
             return self._remember(self._fresh_sample())
         self._fit()
-        candidates = self.candidates()
+        candidates, features = self.candidates()
         if not candidates:  # the neighbourhood of the best is exhausted: explore
             return self._remember(self._fresh_sample())
-        predictions = self.model.predict(self.encoder.encode_many(candidates))
+        predictions = self.model.predict(features)
         mean, std = predictions.mean(axis=0), predictions.std(axis=0)
         sampled = mean + std * self.rng.standard_normal(len(candidates))
-        return self._remember(candidates[int(np.argmax(sampled))])
+        return self._remember(copy_config(candidates[int(np.argmax(sampled))]))
 
-    def candidates(self) -> list[Config]:
-        """Unproposed neighbours and double mutations of the best configs, and a few random samples."""
+    def candidates(self) -> tuple[list[Config], np.ndarray]:
+        """Unproposed neighbours and double mutations of the best configs, and a few random samples, with
+        their features. A parent's neighbours and their features are kept while it stays among the best."""
         top = [self.configs[i] for i in np.argsort(-self.scores, kind="stable")[:self.num_parents]]
-        out: dict[Any, Config] = {}
-
-        def add(config: Config) -> None:
-            key = config_key(config)
-            if key not in self.seen:
-                out.setdefault(key, config)
-
+        configs: list[Config] = []
+        rows: list[np.ndarray] = []
+        keys: set[Any] = set()
+        around: dict[Any, tuple[list[Any], list[Config], np.ndarray]] = {}
         for parent in top:
-            for config in self.space.neighbours(parent, self.rng):
-                add(config)
-        for _ in range(self.mutations):
-            parent = top[random_index(self.rng, len(top))]
-            add(self.space.mutate(self.space.mutate(parent, self.rng), self.rng))
-        for _ in range(self.random_candidates):
-            add(self.space.sample(self.rng))
-        return list(out.values())
+            parent_key = config_key(parent)
+            if parent_key not in self.around:
+                neighbours = self.space.neighbours(parent, self.rng)
+                self.around[parent_key] = ([config_key(c) for c in neighbours], neighbours,
+                                           self.encoder.encode_many(neighbours))
+            around[parent_key] = self.around[parent_key]
+            for key, config, row in zip(*around[parent_key]):
+                if key not in self.seen and key not in keys:
+                    keys.add(key)
+                    configs.append(config)
+                    rows.append(row)
+        self.around = around  # forget the neighbourhoods of configs no longer among the best
+        extra = [self.space.mutate(self.space.mutate(top[random_index(self.rng, len(top))], self.rng), self.rng)
+                 for _ in range(self.mutations)] + [self.space.sample(self.rng) for _ in range(self.random_candidates)]
+        for config in extra:
+            key = config_key(config)
+            if key not in self.seen and key not in keys:
+                keys.add(key)
+                configs.append(config)
+                rows.append(self.encoder.encode(config))
+        return configs, np.array(rows, dtype=np.float32).reshape(len(rows), self.encoder.size)
 
     def _fit(self) -> None:
         if self.unfitted == 0:
