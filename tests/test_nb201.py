@@ -80,10 +80,13 @@ def test_simulated_evolution_beats_random_on_the_table(shared_data):
 
 
 def test_benchmark_prints_the_table_and_a_json_last_line(shared_data):
-    out = subprocess.run([sys.executable, "benchmarks/nb201.py", "--runs", "20", "--datasets", "cifar10"],
-                         capture_output=True, text=True, check=True, cwd=REPO).stdout
+    out = subprocess.run([sys.executable, "benchmarks/nb201.py", "--runs", "20", "--predictor-runs", "3",
+                          "--datasets", "cifar10"], capture_output=True, text=True, check=True, cwd=REPO).stdout
     summary = json.loads(out.strip().splitlines()[-1])
     assert summary["dataset"] == "cifar10" and summary["runs"] == 20
-    for algorithm in ("rea", "reinforce", "random"):
+    for algorithm in ("rea", "reinforce", "random", "local_search"):
         assert 92.5 < summary[algorithm]["mean"] < 94.4 and summary[algorithm]["std"] > 0
+        assert summary[algorithm]["runs"] == 20 and 60 < summary[algorithm]["evals"] < 140
+    assert summary["predictor"]["runs"] == 3 and 92.5 < summary["predictor"]["mean"] <= 94.37
     assert "93.92" in out  # the published figure is printed beside ours
+    assert "predictor - local_search:" in out and "goal 94.25: predictor" in out
