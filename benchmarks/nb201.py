@@ -52,6 +52,7 @@ def main() -> None:
     parser.add_argument("--datasets", nargs="+", default=["cifar10", "cifar100"])
     parser.add_argument("--only", nargs="+", choices=list(CONTROLLERS), default=list(CONTROLLERS))
     parser.add_argument("--predictor-runs", type=int, default=None, help="runs of the predictor (default: --runs)")
+    parser.add_argument("--progress", action="store_true", help="print every run's outcome as it ends")
     args = parser.parse_args()
     started = time.perf_counter()
     summary: dict[str, dict[str, dict[str, float]]] = {}
@@ -61,7 +62,13 @@ def main() -> None:
         summary[dataset] = {}
         for algorithm in args.only:
             runs = args.predictor_runs if algorithm == "predictor" and args.predictor_runs else args.runs
-            outcomes = np.array([search(dataset, algorithm, seed, args.budget) for seed in range(runs)])
+            outcomes = []
+            for seed in range(runs):
+                outcomes.append(search(dataset, algorithm, seed, args.budget))
+                if args.progress:
+                    print(f"  {dataset} {algorithm} seed {seed}: test acc {outcomes[-1][0]:.2f}, "
+                          f"{outcomes[-1][1]} evaluations", flush=True)
+            outcomes = np.array(outcomes)
             accs, evals = outcomes[:, 0], outcomes[:, 1]
             mean, std, sem = float(accs.mean()), float(accs.std()), float(accs.std(ddof=1) / np.sqrt(runs))
             summary[dataset][algorithm] = {"mean": round(mean, 3), "std": round(std, 3), "sem": round(sem, 3),

@@ -34,23 +34,29 @@ class MLPEnsemble(nn.Module):
                  learning_rate: float, weight_decay: float) -> None:
         super().__init__()
         sizes = [inputs, hidden, hidden, 1]
-        self.weights = nn.ParameterList()
-        self.biases = nn.ParameterList()
+        chunks: list[np.ndarray] = []
+        self.shapes: list[tuple[int, ...]] = []  # weight, bias, weight, bias, ... as views of one flat tensor
         for fan_in, fan_out in zip(sizes[:-1], sizes[1:]):
             bound = 1.0 / np.sqrt(max(fan_in, 1))
-            self.weights.append(nn.Parameter(torch.from_numpy(
-                rng.uniform(-bound, bound, (members, fan_in, fan_out)).astype(np.float32))))
-            self.biases.append(nn.Parameter(torch.from_numpy(
-                rng.uniform(-bound, bound, (members, 1, fan_out)).astype(np.float32))))
+            for shape in ((members, fan_in, fan_out), (members, 1, fan_out)):
+                chunks.append(rng.uniform(-bound, bound, shape).astype(np.float32).ravel())
+                self.shapes.append(shape)
+        # One flat parameter: an Adam step is a handful of tensor operations instead of a handful per layer.
+        self.flat = nn.Parameter(torch.from_numpy(np.concatenate(chunks)))
         self.members = members
-        self.optimizer = torch.optim.Adam(self.parameters(), lr=learning_rate, weight_decay=weight_decay, foreach=True)
+        self.optimizer = torch.optim.Adam([self.flat], lr=learning_rate, weight_decay=weight_decay)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: (members, batch, inputs) -> (members, batch)."""
-        last = len(self.weights) - 1
-        for i, (w, b) in enumerate(zip(self.weights, self.biases)):
-            x = torch.baddbmm(b, x, w)
-            if i < last:
+        tensors, offset = [], 0
+        for shape in self.shapes:
+            size = int(np.prod(shape))
+            tensors.append(self.flat[offset:offset + size].view(shape))
+            offset += size
+        layers = len(tensors) // 2
+        for i in range(layers):
+            x = torch.baddbmm(tensors[2 * i + 1], x, tensors[2 * i])
+            if i < layers - 1:
                 x = torch.relu(x)
         return x.squeeze(-1)
 
