@@ -87,6 +87,6 @@ def test_benchmark_prints_the_table_and_a_json_last_line(shared_data):
     for algorithm in ("rea", "reinforce", "random", "local_search"):
         assert 92.5 < summary[algorithm]["mean"] < 94.4 and summary[algorithm]["std"] > 0
         assert summary[algorithm]["runs"] == 20 and 60 < summary[algorithm]["evals"] < 140
-    assert summary["predictor"]["runs"] == 3 and 92.5 < summary["predictor"]["mean"] <= 94.37
+    assert summary["predictor"]["runs"] == 3 and 92.5 < summary["predictor"]["mean"] < 94.4
     assert "93.92" in out  # the published figure is printed beside ours
     assert "predictor - local_search:" in out and "goal 94.25: predictor" in out
