@@ -20,6 +20,7 @@ import nasplat
 from nasplat import Choice, Space, Trainer
 
 WIDTHS, DEPTHS, OPS = [16, 32, 64, 128], [1, 2, 3, 4], ["conv", "pool", "skip"]
+OP_BONUS = {"conv": 1.0, "pool": 0.3, "skip": 0.0}
 
 
 def make_table(seed: int = 0) -> dict[tuple[int, int, str], tuple[float, float]]:
@@ -27,7 +28,7 @@ def make_table(seed: int = 0) -> dict[tuple[int, int, str], tuple[float, float]]
     rng = np.random.default_rng(seed)
     table = {}
     for width, depth, op in itertools.product(WIDTHS, DEPTHS, OPS):
-        quality = 0.4 * np.log2(width / 16) + 0.5 * depth - 0.1 * depth ** 2 + {"conv": 1.0, "pool": 0.3, "skip": 0.0}[op]
+        quality = 0.4 * np.log2(width / 16) + 0.5 * depth - 0.1 * depth ** 2 + OP_BONUS[op]
         table[width, depth, op] = (float(80 + 4 * quality + rng.normal(0, 0.3)), float(width * depth * 0.5))
     del table[128, 4, "skip"]  # a run that never finished: the space must not propose it
     return table

@@ -22,6 +22,7 @@ CONTROLLERS: dict[str, type[Controller]] = {
 }
 
 __all__ = [
-    "CONTINUE", "CONTROLLERS", "STOP", "Continue", "Controller", "Decision", "Exploit", "LocalSearch", "OptunaSampler",
-    "PopulationBasedTraining", "Predictor", "RandomSearch", "RegularizedEvolution", "Reinforce", "Result", "Stop", "TrialSpec",
+    "CONTINUE", "CONTROLLERS", "STOP", "Continue", "Controller", "Decision", "Exploit", "LocalSearch",
+    "OptunaSampler", "PopulationBasedTraining", "Predictor", "RandomSearch", "RegularizedEvolution", "Reinforce",
+    "Result", "Stop", "TrialSpec",
 ]

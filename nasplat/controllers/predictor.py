@@ -44,8 +44,9 @@ class Predictor(Controller):
                  random_candidates: int = 10, **kwargs: Any) -> None:
         super().__init__(space, **kwargs)
         for name, value, low in (("initial_samples", initial_samples, 1), ("ensemble_size", ensemble_size, 2),
-                                 ("hidden", hidden, 1), ("fit_steps", fit_steps, 1), ("max_fit_steps", max_fit_steps, 1),
-                                 ("batch_size", batch_size, 1), ("num_parents", num_parents, 1), ("mutations", mutations, 0),
+                                 ("hidden", hidden, 1), ("fit_steps", fit_steps, 1),
+                                 ("max_fit_steps", max_fit_steps, 1), ("batch_size", batch_size, 1),
+                                 ("num_parents", num_parents, 1), ("mutations", mutations, 0),
                                  ("random_candidates", random_candidates, 0)):
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
                 raise ValueError(f"`{name}` must be an integer >= {low}, got {name}={value!r}")
