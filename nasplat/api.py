@@ -94,6 +94,14 @@ def run(*, trainer: type | str, controller: str | type | Controller = "random", 
     `scheduler` stops or pauses trials early around the controller: `"asha"`, `"hyperband"`, `"median"`, a mapping
     `{"name": "asha", "type": "promote", ...}` of a name and its options (`nasplat.schedulers`), or a ready
     `Scheduler` wrapping `controller`.
+
+    `executor="simulated"` runs every step at once in this process on a simulated clock with
+    `concurrency` virtual workers: each step must report a numeric `time_cost` metric (its simulated
+    seconds; the key is `executor_options={"cost_key": ...}`), finishes that many seconds after it started,
+    and results arrive in order of finishing time, so asynchrony is modelled exactly and deterministically.
+    `time_budget_s` then counts simulated seconds: trials start while the clock is below it, and a trial
+    started just before the end still finishes. This is how tabular and surrogate objectives are searched
+    (NAS-Bench-201 in `benchmarks/nb201.py`; a table of your own in `examples/tabular.py`).
     """
     spec = dict(trainer=trainer, controller=controller, space=space, metric=metric, mode=mode,
                 constraints=constraints, executor=executor,

@@ -8,6 +8,7 @@ from __future__ import annotations
 import bisect
 import math
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -30,6 +31,15 @@ class Domain(ABC):
     @abstractmethod
     def nudge(self, value: Any, rng: np.random.Generator) -> Any:
         """A nearby value: PBT's explore (x0.8 / x1.2 for numbers, a neighbouring option)."""
+
+    def neighbours(self, value: Any, rng: np.random.Generator) -> list[Any]:
+        """The values one step from `value` (local search): by default two nudges, without `value` itself."""
+        out: list[Any] = []
+        for _ in range(2):
+            new = self.nudge(value, rng)
+            if not same_value(new, value) and not any(same_value(new, o) for o in out):
+                out.append(new)
+        return out
 
     @property
     @abstractmethod
@@ -103,6 +113,12 @@ class Int(Domain):
             new = value + (1 if factor > 1 else -1)
         return min(max(new, self.low), self.high)
 
+    def neighbours(self, value: Any, rng: np.random.Generator) -> list[int]:
+        """A step down and a step up (x0.8 / x1.2, at least 1), inside the bounds."""
+        down = min(int(round(value * 0.8)), value - 1)
+        up = max(int(round(value * 1.2)), value + 1)
+        return [v for v in (down, up) if self.low <= v <= self.high]
+
     @property
     def cardinality(self) -> int:
         return self.bins
@@ -159,6 +175,11 @@ class Float(Domain):
         factor = 0.8 if rng.random() < 0.5 else 1.2
         return min(max(float(value) * factor, self.low), self.high)
 
+    def neighbours(self, value: Any, rng: np.random.Generator) -> list[float]:
+        """x0.8 and x1.2, clipped to the bounds, without `value` itself."""
+        out = [min(max(float(value) * f, self.low), self.high) for f in (0.8, 1.2)]
+        return [v for i, v in enumerate(out) if v != value and v not in out[:i]]
+
     @property
     def cardinality(self) -> int:
         return self.bins
@@ -200,6 +221,15 @@ _ATOMS = frozenset({str, int, float, bool, type(None)})
 def random_index(rng: np.random.Generator, n: int) -> int:
     """A uniform index in [0, n): `rng.random()` scaled, several times faster than `rng.integers(n)`."""
     return min(int(rng.random() * n), n - 1)
+
+
+def config_key(value: Any) -> Any:
+    """A hashable stand-in for a config: equal configs (dict order aside) give equal keys."""
+    if isinstance(value, Mapping):
+        return tuple(sorted((k, config_key(v)) for k, v in value.items()))
+    if isinstance(value, (list, tuple)):
+        return (type(value).__name__, *(config_key(v) for v in value))
+    return value
 
 
 def copy_config(value: Any) -> Any:

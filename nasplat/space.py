@@ -2,12 +2,15 @@
 
 A space is a dict of named domains. A value that is a dict is a fixed sub-space; a `Choice` whose
 options are dicts is a conditional branch: the sub-domains of the chosen option exist only in it.
+A space may name rules that forbid configurations (`forbidden={"rule": predicate}`): `sample`, `mutate`
+and `perturb` never return a forbidden config, and `validate` names the rule it breaks.
 Every random operation takes an explicit `numpy.random.Generator`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -15,8 +18,16 @@ import numpy as np
 from nasplat.domains import Domain, Float, Int, check_token, copy_config, random_index, same_value
 
 Config = dict[str, Any]
+Rule = Callable[[Config], bool]  # True: the config is forbidden
 
-__all__ = ["Choice", "Config", "Domain", "Float", "Int", "Space"]
+MAX_ATTEMPTS = 1000
+"""Draws `sample`, `mutate` and `perturb` make before they give up on finding an allowed config."""
+
+__all__ = ["MAX_ATTEMPTS", "Choice", "Config", "Domain", "Float", "ForbiddenConfigError", "Int", "Rule", "Space"]
+
+
+class ForbiddenConfigError(ValueError):
+    """A space's rules rejected every one of `MAX_ATTEMPTS` draws."""
 
 
 class Choice(Domain):
@@ -62,7 +73,7 @@ class Choice(Domain):
             return i
         for i, option in enumerate(self.options):
             if isinstance(option, Space):
-                if isinstance(value, Mapping) and option.accepts(value):
+                if isinstance(value, Mapping) and option.fits(value):
                     return i
             elif not isinstance(value, Mapping) and same_value(option, value):
                 return i
@@ -86,6 +97,17 @@ class Choice(Domain):
         if len(candidates) > 1:
             candidates = [o for o in candidates if set(o.domains) == set(value)]
         return candidates[0] if len(candidates) == 1 else None
+
+    def neighbours(self, value: Any, rng: np.random.Generator) -> list[Any]:
+        """Every other option (a dict option with a fresh sample of its sub-space), duplicates once."""
+        current = self.index("", value)
+        out: list[Any] = []
+        for i, option in enumerate(self.options):
+            if i == current or (not isinstance(option, Space) and (
+                    same_value(option, value) or any(same_value(option, o) for o in out))):
+                continue
+            out.append(self._materialise(i, rng))
+        return out
 
     def resample_other(self, value: Any, rng: np.random.Generator) -> Any:
         current = self.index("", value)
@@ -124,11 +146,22 @@ class Choice(Domain):
 
 
 class Space:
-    """A dict of named domains, constants and sub-spaces."""
+    """A dict of named domains, constants and sub-spaces, and the rules that forbid some of its configs.
 
-    def __init__(self, domains: Mapping[str, Any]) -> None:
+    `forbidden` maps a rule's name to a predicate over a whole config of this space: a config for which any
+    predicate returns True is invalid. Rules of a sub-space see the sub-config. `Space(space)` keeps the rules.
+    """
+
+    def __init__(self, domains: Mapping[str, Any], *, forbidden: Mapping[str, Rule] | None = None) -> None:
+        rules = dict(forbidden or {})
         if isinstance(domains, Space):
+            rules = {**domains.forbidden, **rules}
             domains = domains.domains
+        for name, rule in rules.items():
+            if not isinstance(name, str) or not name or not callable(rule):
+                raise TypeError(f"`forbidden` maps rule names (non-empty strings) to predicates config -> bool, "
+                                f"got {name!r}: {rule!r}")
+        self.forbidden: dict[str, Rule] = rules
         if not isinstance(domains, Mapping):
             raise TypeError(f"a space must be a dict of named domains, got {type(domains).__name__}: {domains!r}")
         self.domains: dict[str, Any] = {}
@@ -136,21 +169,67 @@ class Space:
             if not isinstance(key, str):
                 raise TypeError(f"space keys must be strings, got {key!r}")
             self.domains[key] = Space(value) if isinstance(value, Mapping) else value
+        self.constrained = bool(rules) or any(_constrained(d) for d in self.domains.values())
 
     def __repr__(self) -> str:
-        return f"Space({self.domains!r})"
+        rules = f", forbidden={sorted(self.forbidden)!r}" if self.forbidden else ""
+        return f"Space({self.domains!r}{rules})"
+
+    # -- rules -----------------------------------------------------------------------------
+    def broken_rule(self, config: Config) -> str | None:
+        """The name of the first rule `config` breaks (sub-spaces' rules too, dotted by key), or None."""
+        if not self.constrained:
+            return None
+        for name, rule in self.forbidden.items():
+            if rule(config):
+                return name
+        for key, domain in self.domains.items():
+            sub: Space | None = domain if isinstance(domain, Space) else None
+            if isinstance(domain, Choice) and isinstance(config[key], Mapping):
+                option = domain.options[domain.index(key, config[key])]
+                sub = option if isinstance(option, Space) else None
+            broken = sub.broken_rule(config[key]) if sub is not None else None
+            if broken is not None:
+                return f"{key}.{broken}"
+        return None
+
+    def allows(self, config: Config) -> bool:
+        """Whether `config` (assumed well-formed) breaks none of the rules."""
+        return self.broken_rule(config) is None
+
+    def _draw_allowed(self, draw: Callable[[], Config], what: str) -> Config:
+        """`draw()` until it returns an allowed config, at most `MAX_ATTEMPTS` times."""
+        config = draw()
+        if not self.constrained:
+            return config
+        broken: Counter[str] = Counter()
+        for _ in range(MAX_ATTEMPTS):
+            rule = self.broken_rule(config)
+            if rule is None:
+                return config
+            broken[rule] += 1
+            config = draw()
+        raise ForbiddenConfigError(f"{what}: {MAX_ATTEMPTS} draws in a row were forbidden by the space's rules "
+                                   f"(times each rule fired: {dict(broken)}); the rules must allow some configs")
 
     # -- sampling and checking -------------------------------------------------------------
     def sample(self, rng: np.random.Generator) -> Config:
-        """A random config."""
-        return {k: _sample(d, rng) for k, d in self.domains.items()}
+        """A random config that breaks none of the rules."""
+        return self._draw_allowed(lambda: {k: _sample(d, rng) for k, d in self.domains.items()}, "sample")
 
     def default(self) -> Config:
         """A deterministic config: `decode` of all-zero tokens (first options, the first bin's middle for numbers)."""
         return self.decode([0] * len(self.cardinalities()))
 
     def validate(self, config: Any, *, prefix: str = "") -> None:
-        """Raise a `ValueError`/`TypeError` naming the key, the value and what is allowed."""
+        """Raise a `ValueError`/`TypeError` naming the key, the value and what is allowed, or the rule broken."""
+        self._check_domains(config, prefix)
+        broken = self.broken_rule(config)
+        if broken is not None:
+            where = f" {prefix[:-1]!r}" if prefix else ""
+            raise ValueError(f"config{where} is forbidden by the rule {broken!r}: {config!r}")
+
+    def _check_domains(self, config: Any, prefix: str) -> None:
         if not isinstance(config, Mapping):
             raise TypeError(f"config{' ' + repr(prefix[:-1]) if prefix else ''} must be a dict, got {config!r}")
         unknown = {prefix + str(k): config[k] for k in config if k not in self.domains}
@@ -165,13 +244,22 @@ class Space:
             if isinstance(domain, Domain):
                 domain.check(path, value)
             elif isinstance(domain, Space):
-                domain.validate(value, prefix=path + ".")
+                domain._check_domains(value, path + ".")
             elif not same_value(domain, value):
                 raise ValueError(f"{path!r} is fixed to {domain!r}, got {value!r}")
 
     def accepts(self, config: Mapping[str, Any]) -> bool:
+        """Whether `validate` passes: every value allowed by its domain, no rule broken."""
         try:
             self.validate(config)
+        except (ValueError, TypeError):
+            return False
+        return True
+
+    def fits(self, config: Mapping[str, Any]) -> bool:
+        """Whether every value of `config` is allowed by its domain (the rules not consulted)."""
+        try:
+            self._check_domains(config, "")
         except (ValueError, TypeError):
             return False
         return True
@@ -197,7 +285,11 @@ class Space:
                 yield from domain._walk(value, prefix + key + ".")
 
     def mutate(self, config: Config, rng: np.random.Generator) -> Config:
-        """A copy of `config` with exactly one decision changed (regularized evolution's mutation)."""
+        """A copy of `config` with exactly one decision changed (regularized evolution's mutation), allowed by
+        the rules."""
+        return self._draw_allowed(lambda: self._mutate(config, rng), "mutate")
+
+    def _mutate(self, config: Config, rng: np.random.Generator) -> Config:
         child = copy_config(config)
         options = [d for d in self._walk(child, "") if _changeable(d[2])]
         if options:
@@ -205,17 +297,37 @@ class Space:
             holder[key] = domain.resample_other(value, rng)
         return child
 
+    def neighbours(self, config: Config, rng: np.random.Generator) -> list[Config]:
+        """The allowed configs one decision away from `config`, decision by decision (local search).
+
+        A `Choice` gives each other option (a dict option with a fresh sample), `Int` and `Float` a step
+        down and a step up; `rng` is used only to sample newly entered sub-spaces.
+        """
+        out: list[Config] = []
+        for i, (_, key, domain, value, _) in enumerate(self._walk(config, "")):
+            for new in domain.neighbours(value, rng):
+                child = copy_config(config)
+                holder = next(d for j, d in enumerate(self._walk(child, "")) if j == i)[4]
+                holder[key] = new
+                if self.allows(child):
+                    out.append(child)
+        return out
+
     def perturb(self, config: Config, rng: np.random.Generator, *, resample_probability: float = 0.25) -> Config:
         """PBT's explore: each decision is resampled with `resample_probability`, else nudged.
 
         A conditional choice that lands on another option takes that option's fresh sample; the
-        decisions of the option it left are not perturbed (they no longer exist).
+        decisions of the option it left are not perturbed (they no longer exist). The result is allowed by
+        the rules.
         """
         if not 0.0 <= resample_probability <= 1.0:
             raise ValueError(f"resample_probability must be in [0, 1], got {resample_probability=}")
-        child = copy_config(config)
-        self._perturb(child, rng, resample_probability, "")
-        return child
+
+        def draw() -> Config:
+            child = copy_config(config)
+            self._perturb(child, rng, resample_probability, "")
+            return child
+        return self._draw_allowed(draw, "perturb")
 
     def _perturb(self, config: Config, rng: np.random.Generator, resample_probability: float, prefix: str) -> None:
         for key, domain in self.domains.items():
@@ -293,6 +405,12 @@ def _sample(domain: Any, rng: np.random.Generator) -> Any:
     if isinstance(domain, (Domain, Space)):
         return domain.sample(rng)
     return copy_config(domain)
+
+
+def _constrained(domain: Any) -> bool:
+    if isinstance(domain, Space):
+        return domain.constrained
+    return isinstance(domain, Choice) and any(isinstance(o, Space) and o.constrained for o in domain.options)
 
 
 def _changeable(domain: Domain) -> bool:

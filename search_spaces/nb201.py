@@ -16,11 +16,29 @@ OPS = ("none", "skip_connect", "nor_conv_1x1", "nor_conv_3x3", "avg_pool_3x3")
 EDGES = ("1<-0", "2<-0", "2<-1", "3<-0", "3<-1", "3<-2")
 
 space = Space({edge: Choice(list(OPS)) for edge in EDGES})
+"""All 15,625 cells, as the benchmark's published search protocol samples them."""
+
+CUT_OFF = "no path from input to output"
 
 
-def space_for(dataset: str) -> Space:
-    """The cell space with the dataset fixed as a constant (read by `trainers.nb201_table.NB201Table`)."""
-    return Space({**space.domains, "dataset": dataset})
+def cut_off(config: Config) -> bool:
+    """Whether every path from the input (node 0) to the output (node 3) goes through a 'none' edge:
+    such a cell outputs zeros whatever its weights."""
+    reached = {0}
+    for target in (1, 2, 3):
+        if any(config[f"{target}<-{src}"] != "none" and src in reached for src in range(target)):
+            reached.add(target)
+    return 3 not in reached
+
+
+connected_space = Space(space.domains, forbidden={CUT_OFF: cut_off})
+"""The cells with a path from input to output (opt-in: not the benchmark's protocol)."""
+
+
+def space_for(dataset: str, *, connected: bool = False) -> Space:
+    """The cell space with the dataset fixed as a constant (read by `trainers.nb201_table.NB201Table`);
+    `connected=True` forbids the cut-off cells."""
+    return Space({**space.domains, "dataset": dataset}, forbidden={CUT_OFF: cut_off} if connected else None)
 
 
 def to_arch_str(config: Config) -> str:

@@ -10,8 +10,8 @@ from typing import Any
 import optuna
 
 from nasplat.controllers import (
-    Controller, Exploit, MultiObjectiveEvolution, OptunaSampler, PopulationBasedTraining, RandomSearch,
-    RegularizedEvolution, Reinforce, Result,
+    Controller, Exploit, LocalSearch, MultiObjectiveEvolution, OptunaSampler, PopulationBasedTraining, Predictor,
+    RandomSearch, RegularizedEvolution, Reinforce, Result,
 )
 from nasplat.space import Choice, Config, Domain, Float, Int, Space
 
@@ -51,23 +51,26 @@ MO = dict(metric=[METRIC, COST], mode=["max", "min"], constraints=[f"{COST} <= 4
 # -- controllers under test ------------------------------------------------------------------
 Factory = Callable[..., Controller]
 
-FACTORIES: dict[str, Factory] = {
-    "random": lambda seed, **kw: RandomSearch(MIXED, metric=METRIC, seed=seed, **kw),
-    "evolution": lambda seed, **kw: RegularizedEvolution(MIXED, population_size=6, sample_size=3, metric=METRIC,
-                                                         seed=seed, **kw),
-    "pbt": lambda seed, **kw: PopulationBasedTraining(MIXED, population_size=4, perturbation_interval=2,
-                                                      metric=METRIC, seed=seed, **kw),
-    "reinforce": lambda seed, **kw: Reinforce(MIXED, learning_rate=0.1, metric=METRIC, seed=seed, **kw),
-    "optuna_tpe": lambda seed, **kw: OptunaSampler(
-        MIXED, sampler=optuna.samplers.TPESampler(seed=seed, n_startup_trials=4), metric=METRIC, seed=seed, **kw),
-    "optuna_random": lambda seed, **kw: OptunaSampler(
-        MIXED, sampler=optuna.samplers.RandomSampler(seed=seed), metric=METRIC, seed=seed, **kw),
-    "mo_evolution": lambda seed, **kw: MultiObjectiveEvolution(MIXED, population_size=6, sample_size=3, **MO,
-                                                               seed=seed, **kw),
-    "mo_random": lambda seed, **kw: RandomSearch(MIXED, **MO, seed=seed, **kw),
-    "mo_optuna_nsga2": lambda seed, **kw: OptunaSampler(
-        MIXED, sampler=optuna.samplers.NSGAIISampler(seed=seed, population_size=4), **MO, seed=seed,
-        **kw),
+FACTORIES: dict[str, Factory] = {  # `space` (default MIXED) lets a test run the same controllers on another space
+    "random": lambda seed, space=MIXED, **kw: RandomSearch(space, metric=METRIC, seed=seed, **kw),
+    "evolution": lambda seed, space=MIXED, **kw: RegularizedEvolution(space, population_size=6, sample_size=3,
+                                                                      metric=METRIC, seed=seed, **kw),
+    "pbt": lambda seed, space=MIXED, **kw: PopulationBasedTraining(space, population_size=4, perturbation_interval=2,
+                                                                   metric=METRIC, seed=seed, **kw),
+    "reinforce": lambda seed, space=MIXED, **kw: Reinforce(space, learning_rate=0.1, metric=METRIC, seed=seed, **kw),
+    "optuna_tpe": lambda seed, space=MIXED, **kw: OptunaSampler(
+        space, sampler=optuna.samplers.TPESampler(seed=seed, n_startup_trials=4), metric=METRIC, seed=seed, **kw),
+    "optuna_random": lambda seed, space=MIXED, **kw: OptunaSampler(
+        space, sampler=optuna.samplers.RandomSampler(seed=seed), metric=METRIC, seed=seed, **kw),
+    "local_search": lambda seed, space=MIXED, **kw: LocalSearch(space, initial_samples=3, metric=METRIC, seed=seed,
+                                                                **kw),
+    "predictor": lambda seed, space=MIXED, **kw: Predictor(space, initial_samples=4, fit_steps=5, max_fit_steps=20,
+                                                           mutations=10, metric=METRIC, seed=seed, **kw),
+    "mo_evolution": lambda seed, space=MIXED, **kw: MultiObjectiveEvolution(space, population_size=6, sample_size=3,
+                                                                            **MO, seed=seed, **kw),
+    "mo_random": lambda seed, space=MIXED, **kw: RandomSearch(space, **MO, seed=seed, **kw),
+    "mo_optuna_nsga2": lambda seed, space=MIXED, **kw: OptunaSampler(
+        space, sampler=optuna.samplers.NSGAIISampler(seed=seed, population_size=4), **MO, seed=seed, **kw),
 }
 
 
@@ -78,7 +81,8 @@ class Driver:
     Ask/tell controllers: a round is one `ask` and one `tell`. PBT (whose `ask` runs dry after its
     population): the first round asks for the whole population, every round then reports each member
     once at the next step through `on_result`. `fail_every=k` makes every k-th report a failure,
-    alternating between `Result(failed=True)` and a NaN metric.
+    alternating between `Result(failed=True)` and a NaN metric. `score(config, step)` scores a report
+    (default: `objective`).
     """
 
     controller: Controller
@@ -87,11 +91,12 @@ class Driver:
     reports: int = 0
     members: dict[int, Config] = field(default_factory=dict)
     failed_ids: set[int] = field(default_factory=set)
+    score: Callable[[Config, int], float] = field(default=objective)
 
     def fork(self, controller: Controller) -> Driver:
         """A driver for `controller` (a copy of this one's controller) that continues from this one's state."""
         return Driver(controller, self.fail_every, self.step, self.reports,
-                      {k: dict(v) for k, v in self.members.items()}, set(self.failed_ids))
+                      {k: dict(v) for k, v in self.members.items()}, set(self.failed_ids), self.score)
 
     def _result(self, trial_id: int, config: Config) -> Result:
         self.reports += 1
@@ -100,7 +105,7 @@ class Driver:
             if (self.reports // self.fail_every) % 2:
                 return Result({METRIC: 1.0}, self.step, failed=True, error="synthetic crash")
             return Result({METRIC: float("nan")}, self.step)
-        return Result({METRIC: objective(config, self.step), COST: cost(config)}, self.step)
+        return Result({METRIC: self.score(config, self.step), COST: cost(config)}, self.step)
 
     def rounds(self, n: int) -> list[Any]:
         """`n` rounds; returns the proposals: (trial_id, config, parent_id) or (trial_id, step, decision)."""

@@ -10,9 +10,11 @@ from nasplat.controllers.base import (
     CONTINUE, PAUSE, STOP, Continue, Controller, Decision, Exploit, Pause, Result, Stop, TrialSpec,
 )
 from nasplat.controllers.evolution import RegularizedEvolution
+from nasplat.controllers.local_search import LocalSearch
 from nasplat.controllers.mo_evolution import MultiObjectiveEvolution
 from nasplat.controllers.optuna_sampler import OptunaSampler
 from nasplat.controllers.pbt import PopulationBasedTraining
+from nasplat.controllers.predictor import Predictor
 from nasplat.controllers.random_search import RandomSearch
 from nasplat.controllers.reinforce import Reinforce
 
@@ -23,6 +25,8 @@ CONTROLLERS: dict[str, type[Controller]] = {
     "pbt": PopulationBasedTraining,
     "reinforce": Reinforce,
     "optuna": OptunaSampler,
+    "local_search": LocalSearch,
+    "predictor": Predictor,
 }
 # Set by the experiment itself (its space, metric, mode and seed), never as a controller option.
 EXPERIMENT_LEVEL = ("space", "metric", "mode", "constraints", "seed")
@@ -66,8 +70,8 @@ def check_controller_options(cls: type[Controller], options: Mapping[str, Any] |
 
 
 __all__ = [
-    "CONTINUE", "CONTROLLERS", "PAUSE", "STOP", "Continue", "Controller", "Decision", "Exploit",
-    "MultiObjectiveEvolution", "OptunaSampler", "Pause", "PopulationBasedTraining", "RandomSearch",
-    "RegularizedEvolution", "Reinforce", "Result", "Stop", "TrialSpec",
-    "check_controller_options", "controller_options",
+    "CONTINUE", "CONTROLLERS", "PAUSE", "STOP", "Continue", "Controller", "Decision", "Exploit", "LocalSearch",
+    "MultiObjectiveEvolution", "OptunaSampler", "Pause", "PopulationBasedTraining", "Predictor", "RandomSearch",
+    "RegularizedEvolution", "Reinforce", "Result", "Stop", "TrialSpec", "check_controller_options",
+    "controller_options",
 ]

@@ -11,7 +11,7 @@ import numpy as np
 
 from nasplat.controllers.base import Controller, Result, TrialSpec
 from nasplat.domains import copy_config
-from nasplat.space import Choice, Config, Float, Int, Space
+from nasplat.space import MAX_ATTEMPTS, Choice, Config, Float, ForbiddenConfigError, Int, Space
 
 if TYPE_CHECKING:  # imported when first used: trial workers never pay for Optuna
     import optuna
@@ -25,7 +25,11 @@ class OptunaSampler(Controller):
     """Proposes configs with `sampler`, an Optuna sampler or one of `SAMPLERS` by name (default: TPE for one
     objective, NSGA-II for several); conditional spaces define-by-run. Several objectives make a study with one
     direction each; each constraint's violation is set on the trial (`Trial.set_constraint`, feasible at 0),
-    where Optuna's constraint-aware samplers (TPE, NSGA-II, NSGA-III, GP) read it."""
+    where Optuna's constraint-aware samplers (TPE, NSGA-II, NSGA-III, GP) read it.
+
+    In a space with rules, a suggested config that breaks one is told to Optuna as a pruned trial with no
+    value (samplers such as TPE rank those below every completed trial, so they learn to avoid the
+    region) and the sampler is asked again, at most `MAX_ATTEMPTS` times."""
 
     multi_objective: ClassVar[bool] = True
 
@@ -54,10 +58,18 @@ class OptunaSampler(Controller):
         raise ValueError(f"unknown Optuna sampler {name!r}; allowed: {list(SAMPLERS)} or a sampler instance")
 
     def ask(self) -> TrialSpec:
-        trial = self.study.ask()
-        spec = self._propose(_suggest(self.space, trial, ""))
-        self.pending[spec.trial_id] = trial
-        return spec
+        from optuna.trial import TrialState
+
+        for _ in range(MAX_ATTEMPTS):
+            trial = self.study.ask()
+            config = _suggest(self.space, trial, "")
+            if self.space.allows(config):
+                spec = self._propose(config)
+                self.pending[spec.trial_id] = trial
+                return spec
+            self.study.tell(trial.number, state=TrialState.PRUNED)
+        raise ForbiddenConfigError(f"Optuna: {MAX_ATTEMPTS} suggested configs in a row were forbidden by the "
+                                   f"space's rules {sorted(self.space.forbidden)}")
 
     def tell(self, trial_id: int, result: Result) -> None:
         scored = self._objectives_of(trial_id, result)

@@ -8,15 +8,18 @@ from typing import Any
 import numpy as np
 
 from nasplat.controllers.base import Controller, Result, TrialSpec
-from nasplat.space import Space
+from nasplat.space import MAX_ATTEMPTS, Config, ForbiddenConfigError, Space
 from nasplat.validation import check_real
 
 
 class Reinforce(Controller):
     """A factorised categorical policy, one softmax per token of `Space.encode`.
 
-    After each result the logits move by `learning_rate * (reward - baseline) * grad log p(tokens)`;
-    the baseline is an exponential moving average of rewards with decay `baseline_decay`.
+    The reward is the raw metric (negated for `mode="min"`), not rescaled. After each result the logits move
+    by exactly `learning_rate * (reward - baseline) * grad log p(tokens)`, with the baseline as it stood
+    before this result; then the baseline, an exponential moving average of rewards with decay
+    `baseline_decay`, takes the reward in. The first reward only sets the baseline (its advantage is 0).
+    In a space with rules, a draw whose config is forbidden is redrawn from the policy.
     """
 
     def __init__(self, space: Space | Mapping[str, Any], *, learning_rate: float = 0.05,
@@ -39,22 +42,30 @@ class Reinforce(Controller):
         return out
 
     def ask(self) -> TrialSpec:
+        cumulative = [np.cumsum(p) for p in self.probabilities()]
+        for _ in range(MAX_ATTEMPTS):
+            tokens, config = self._draw(cumulative)
+            if self.space.allows(config):
+                spec = self._propose(config)
+                self.pending[spec.trial_id] = tokens
+                return spec
+        raise ForbiddenConfigError(f"REINFORCE: {MAX_ATTEMPTS} configs drawn from the policy in a row were forbidden "
+                                   f"by the space's rules {sorted(self.space.forbidden)}")
+
+    def _draw(self, cumulative: list[np.ndarray]) -> tuple[list[int], Config]:
         draws = self.rng.random(len(self.logits))  # one inverse-CDF draw per position
-        tokens = [min(int(np.searchsorted(np.cumsum(p), u, side="right")), len(p) - 1)
-                  for p, u in zip(self.probabilities(), draws)]
-        spec = self._propose(self.space.decode(tokens))
-        self.pending[spec.trial_id] = tokens
-        return spec
+        tokens = [min(int(np.searchsorted(c, u, side="right")), len(c) - 1) for c, u in zip(cumulative, draws)]
+        return tokens, self.space.decode(tokens)
 
     def tell(self, trial_id: int, result: Result) -> None:
         reward = self._score_of(trial_id, result)
         tokens = self.pending.pop(trial_id, None)
         if tokens is None or reward is None:
             return
-        self.baseline = reward if self.baseline is None else (
-            self.baseline_decay * self.baseline + (1.0 - self.baseline_decay) * reward)
-        advantage = reward - self.baseline
+        advantage = 0.0 if self.baseline is None else reward - self.baseline
         for logits, p, token in zip(self.logits, self.probabilities(), tokens):
             grad = -p
             grad[token] += 1.0
             logits += self.learning_rate * advantage * grad
+        self.baseline = reward if self.baseline is None else (
+            self.baseline_decay * self.baseline + (1.0 - self.baseline_decay) * reward)

@@ -1,0 +1,77 @@
+"""A fixed-length numeric encoding of a space's configs, for learned models of the metric.
+
+Each `Choice` is one-hot over its options, each `Int`/`Float` one number in [0, 1] (log-scaled for
+`log=True`); decisions of conditional branches not taken are all zeros; constants take no room.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from nasplat.space import Choice, Config, Float, Int, Space
+
+# A space's layout: (key, domain, offset, the layouts of a Choice's dict options, None for other options).
+Layout = list[tuple[str, Any, int, list["Layout | None"]]]
+
+
+class Encoder:
+    """`encode(config) -> np.ndarray` of length `size` for configs of `space`."""
+
+    def __init__(self, space: Space) -> None:
+        self.space = space
+        self.size = 0
+        self.layout = self._plan(space)
+
+    def _plan(self, space: Space) -> Layout:
+        layout: Layout = []
+        for key, domain in space.domains.items():
+            if isinstance(domain, Space):
+                layout.append((key, domain, -1, [self._plan(domain)]))
+            elif isinstance(domain, Choice):
+                offset, self.size = self.size, self.size + len(domain.options)
+                branches = [self._plan(o) if isinstance(o, Space) else None for o in domain.options]
+                layout.append((key, domain, offset, branches))
+            elif isinstance(domain, (Int, Float)):
+                layout.append((key, domain, self.size, []))
+                self.size += 1
+        return layout
+
+    def encode(self, config: Config) -> np.ndarray:
+        """The config's features (float32)."""
+        out = np.zeros(self.size, dtype=np.float32)
+        self._fill(self.layout, config, out)
+        return out
+
+    def encode_many(self, configs: list[Config]) -> np.ndarray:
+        """One row per config."""
+        out = np.zeros((len(configs), self.size), dtype=np.float32)
+        for row, config in zip(out, configs):
+            self._fill(self.layout, config, row)
+        return out
+
+    def _fill(self, layout: Layout, config: Mapping[str, Any], out: np.ndarray) -> None:
+        for key, domain, offset, branches in layout:
+            value = config[key]
+            if isinstance(domain, Space):
+                self._fill(branches[0], value, out)  # type: ignore[arg-type]
+            elif isinstance(domain, Choice):
+                index = domain.index(key, value)
+                out[offset + index] = 1.0
+                branch = branches[index]
+                if branch is not None:
+                    self._fill(branch, value, out)
+            else:
+                out[offset] = _unit(domain, value)
+
+
+def _unit(domain: Int | Float, value: float) -> float:
+    low, high = float(domain.low), float(domain.high)
+    if high <= low:
+        return 0.0
+    if domain.log:
+        return (math.log(value) - math.log(low)) / (math.log(high) - math.log(low))
+    return (float(value) - low) / (high - low)

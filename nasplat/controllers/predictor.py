@@ -1,0 +1,154 @@
+"""Predictor-guided search (after BANANAS, White, Neiswanger and Savani, AAAI 2021).
+
+An ensemble of small neural networks learns the metric from every result; candidates are the neighbours
+and mutations of the best configs seen; the next trial is the candidate with the best independent
+Thompson sample of the ensemble's prediction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import torch
+
+from nasplat.controllers.base import Controller, Result, TrialSpec
+from nasplat.controllers.encoding import Encoder
+from nasplat.controllers.ensemble import MLPEnsemble
+from nasplat.domains import config_key, copy_config, random_index
+from nasplat.space import MAX_ATTEMPTS, Config, Space
+
+
+class Predictor(Controller):
+    """Model-guided search over any space (categorical, integer, float, conditional).
+
+    The first `initial_samples` trials are random. After that each `ask`:
+
+    1. warm-starts the ensemble (`ensemble_size` MLPs over `Encoder` features) with `fit_steps` Adam steps
+       per result that arrived since the last fit (at most `max_fit_steps`), on minibatches of `batch_size`:
+       the cost of an `ask` does not grow with the number of results;
+    2. gathers candidates: every neighbour (`Space.neighbours`) of the `num_parents` best configs, `mutations`
+       double mutations of them and `random_candidates` random samples, leaving out every config already
+       proposed, pending trials included (so many workers never get the same config);
+    3. proposes the candidate with the highest independent Thompson sample: for each candidate,
+       mean + std * z over the ensemble's predictions, z a fresh standard normal draw.
+
+    The model learns the ranks of the scores (normal scores of the ranks), so outliers such as broken
+    networks do not dominate the fit.
+    """
+
+    def __init__(self, space: Space | Mapping[str, Any], *, initial_samples: int = 10, ensemble_size: int = 5,
+                 hidden: int = 32, fit_steps: int = 20, max_fit_steps: int = 200, batch_size: int = 64,
+                 learning_rate: float = 0.01, weight_decay: float = 1e-4, num_parents: int = 10, mutations: int = 50,
+                 random_candidates: int = 10, **kwargs: Any) -> None:
+        super().__init__(space, **kwargs)
+        for name, value, low in (("initial_samples", initial_samples, 1), ("ensemble_size", ensemble_size, 2),
+                                 ("hidden", hidden, 1), ("fit_steps", fit_steps, 1),
+                                 ("max_fit_steps", max_fit_steps, 1), ("batch_size", batch_size, 1),
+                                 ("num_parents", num_parents, 1), ("mutations", mutations, 0),
+                                 ("random_candidates", random_candidates, 0)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < low:
+                raise ValueError(f"`{name}` must be an integer >= {low}, got {name}={value!r}")
+        for name, value in (("learning_rate", learning_rate), ("weight_decay", weight_decay)):
+            if not isinstance(value, (int, float)) or not 0 <= value < 1 or (name == "learning_rate" and value == 0):
+                raise ValueError(f"`{name}` must be in {'(0, 1)' if name == 'learning_rate' else '[0, 1)'}, "
+                                 f"got {name}={value!r}")
+        self.initial_samples, self.num_parents, self.mutations = initial_samples, num_parents, mutations
+        self.random_candidates, self.fit_steps, self.max_fit_steps = random_candidates, fit_steps, max_fit_steps
+        self.batch_size = batch_size
+        self.encoder = Encoder(self.space)
+        self.model = MLPEnsemble(self.encoder.size, members=ensemble_size, hidden=hidden, rng=self.rng,
+                                 learning_rate=learning_rate, weight_decay=weight_decay)
+        self.seen: set[Any] = set()  # keys of every config proposed
+        self.pending: dict[int, Config] = {}
+        self.configs: list[Config] = []  # every scored config, in order of arrival
+        self.features = np.zeros((0, self.encoder.size), dtype=np.float32)
+        self.scores = np.zeros(0)
+        self.unfitted = 0  # results that arrived since the last fit
+        self.around: dict[Any, tuple[list[Any], list[Config], np.ndarray]] = {}  # neighbourhoods of the best
+
+    def ask(self) -> TrialSpec:
+        if len(self.scores) < self.initial_samples:
+            return self._remember(self._fresh_sample())
+        self._fit()
+        candidates, features = self.candidates()
+        if not candidates:  # the neighbourhood of the best is exhausted: explore
+            return self._remember(self._fresh_sample())
+        predictions = self.model.predict(features)
+        mean, std = predictions.mean(axis=0), predictions.std(axis=0)
+        sampled = mean + std * self.rng.standard_normal(len(candidates))
+        return self._remember(copy_config(candidates[int(np.argmax(sampled))]))
+
+    def candidates(self) -> tuple[list[Config], np.ndarray]:
+        """Unproposed neighbours and double mutations of the best configs, and a few random samples, with
+        their features. A parent's neighbours and their features are kept while it stays among the best."""
+        top = [self.configs[i] for i in np.argsort(-self.scores, kind="stable")[:self.num_parents]]
+        configs: list[Config] = []
+        rows: list[np.ndarray] = []
+        keys: set[Any] = set()
+        around: dict[Any, tuple[list[Any], list[Config], np.ndarray]] = {}
+        for parent in top:
+            parent_key = config_key(parent)
+            if parent_key not in self.around:
+                neighbours = self.space.neighbours(parent, self.rng)
+                self.around[parent_key] = ([config_key(c) for c in neighbours], neighbours,
+                                           self.encoder.encode_many(neighbours))
+            around[parent_key] = self.around[parent_key]
+            for key, config, row in zip(*around[parent_key]):
+                if key not in self.seen and key not in keys:
+                    keys.add(key)
+                    configs.append(config)
+                    rows.append(row)
+        self.around = around  # forget the neighbourhoods of configs no longer among the best
+        extra = [self.space.mutate(self.space.mutate(top[random_index(self.rng, len(top))], self.rng), self.rng)
+                 for _ in range(self.mutations)] + [self.space.sample(self.rng) for _ in range(self.random_candidates)]
+        for config in extra:
+            key = config_key(config)
+            if key not in self.seen and key not in keys:
+                keys.add(key)
+                configs.append(config)
+                rows.append(self.encoder.encode(config))
+        return configs, np.array(rows, dtype=np.float32).reshape(len(rows), self.encoder.size)
+
+    def _fit(self) -> None:
+        if self.unfitted == 0:
+            return
+        steps = min(self.fit_steps * self.unfitted, self.max_fit_steps)
+        self.model.fit(self.features, _normal_scores(self.scores), steps=steps, batch_size=self.batch_size,
+                       rng=self.rng)
+        self.unfitted = 0
+
+    def _fresh_sample(self) -> Config:
+        """A random config not proposed before (or, in a space nearly exhausted, any random config)."""
+        config = self.space.sample(self.rng)
+        for _ in range(MAX_ATTEMPTS):
+            if config_key(config) not in self.seen:
+                break
+            config = self.space.sample(self.rng)
+        return config
+
+    def _remember(self, config: Config) -> TrialSpec:
+        self.seen.add(config_key(config))
+        spec = self._propose(config)
+        self.pending[spec.trial_id] = copy_config(config)
+        return spec
+
+    def tell(self, trial_id: int, result: Result) -> None:
+        score = self._score_of(trial_id, result)
+        config = self.pending.pop(trial_id, None)
+        if config is None or score is None:
+            return
+        self.configs.append(config)
+        self.features = np.vstack([self.features, self.encoder.encode(config)[None]])
+        self.scores = np.append(self.scores, score)
+        self.unfitted += 1
+
+
+def _normal_scores(scores: np.ndarray) -> np.ndarray:
+    """The normal quantiles of the scores' ranks (ties share their mean rank)."""
+    ranks = np.empty(len(scores))
+    ranks[np.argsort(scores, kind="stable")] = np.arange(1, len(scores) + 1)
+    _, tie_group = np.unique(scores, return_inverse=True)
+    ranks = (np.bincount(tie_group, ranks) / np.bincount(tie_group))[tie_group]
+    return torch.special.ndtri(torch.from_numpy((ranks - 0.5) / len(scores))).numpy()
