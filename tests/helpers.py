@@ -41,7 +41,10 @@ def objective(config: Config, step: int = 1) -> float:
 
 
 def cost(config: Config) -> float:
-    """A deterministic cost over `MIXED` that grows with depth and head width: in conflict with `objective`."""
+    """A deterministic cost over `MIXED` that grows with depth and head width: in conflict with `objective`
+    (0 for configs of other spaces, which the constraint tests drive)."""
+    if "layers" not in config or "head" not in config:
+        return 0.0
     head = config["head"]
     return config["layers"] * (1.0 + (math.log2(head["hidden"]) if head["kind"] == "mlp" else 0.0))
 

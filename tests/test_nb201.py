@@ -90,7 +90,8 @@ def test_benchmark_prints_the_table_and_a_json_last_line(shared_data):
         mean, std = summary[algorithm]["mean"], summary[algorithm]["std"]
         assert abs(mean - paper) < 0.4 and 0.1 < std < 0.8, (algorithm, mean, std)  # 20 runs: ~4 standard errors
         # The printed line puts our mean beside the paper's and their difference, computed from these numbers.
-        line = re.search(rf"^{algorithm}\s+([0-9.]+) ± ([0-9.]+)\s+([0-9.]+) ± [0-9.]+\s+([+-][0-9.]+)$", out, re.M)
+        line = re.search(rf"^{algorithm}\s+20\s+([0-9.]+) ± ([0-9.]+)\s+[0-9.]+\s+[0-9.]+\s+([0-9.]+) ± [0-9.]+\s+"
+                         r"([+-][0-9.]+)$", out, re.M)
         assert line is not None, out
         shown, shown_std, shown_paper, diff = map(float, line.groups())
         assert shown == pytest.approx(mean, abs=0.006) and shown_std == pytest.approx(std, abs=0.006)
