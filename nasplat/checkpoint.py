@@ -1,10 +1,25 @@
-"""When to checkpoint trainer states and which checkpoints to keep."""
+"""Trainer checkpoints: when to write them and which to keep (`CheckpointPolicy`), their files, and the writer.
+
+A checkpoint of trial `t` at step `k` is the folder `checkpoints/trial-<t>/step-<k>/` of the experiment's storage,
+holding `state.pt` (the trainer's `state_dict`, `torch.save`d) and `manifest.json` (trial, step, config, bytes,
+time), written last: a checkpoint is complete iff its manifest exists, so a reader never sees half of one.
+"""
 
 from __future__ import annotations
 
+import copy
+import io
+import json
+import queue
+import sys
+import threading
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
+
+from nasplat.executors.base import Checkpoint
+from nasplat.storage import Storage, json_default
 
 
 @dataclass(frozen=True)
@@ -52,3 +67,133 @@ class CheckpointPolicy:
         """Whether the state after `step` is checkpointed."""
         return bool((self.every is not None and step % self.every == 0) or (self.at_perturbation and perturbation)
                     or (self.at_end and ending))
+
+
+# -- checkpoint files ---------------------------------------------------------------------------------------------
+STATE_FILE, MANIFEST_FILE = "state.pt", "manifest.json"
+
+
+def checkpoint_name(trial_id: int, step: int) -> str:
+    """Where trial `trial_id`'s checkpoint of step `step` lies inside the checkpoints folder."""
+    return f"trial-{trial_id}/step-{step}"
+
+
+def copy_state(state: Any) -> Any:
+    """`state` with every torch tensor replaced by a detached CPU copy (the other leaves are kept as they are):
+    cheap enough for the training path, and safe from the trainer's next step."""
+    torch = sys.modules.get("torch")
+    if torch is None:  # a trainer that never imported torch has no tensors
+        return copy.deepcopy(state)
+    if isinstance(state, torch.Tensor):
+        return state.detach().to("cpu", copy=True)
+    if isinstance(state, dict):
+        return type(state)((key, copy_state(value)) for key, value in state.items())
+    if isinstance(state, (list, tuple)) and not hasattr(state, "_fields"):
+        items = [copy_state(value) for value in state]
+        return items if isinstance(state, list) else tuple(items)
+    return copy.deepcopy(state)
+
+
+def write_checkpoint(storage: Storage, trial_id: int, step: int, state: Any, config: Any = None) -> Checkpoint:
+    """Serialise `state` (`torch.save`) into `storage` as trial `trial_id`'s checkpoint of step `step`: the state
+    first, then the manifest (trial, step, config, bytes, time), which marks the checkpoint complete."""
+    import torch
+
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    payload = buffer.getbuffer()
+    name = checkpoint_name(trial_id, step)
+    storage.write(f"{name}/{STATE_FILE}", payload)
+    manifest = {"trial_id": trial_id, "step": step, "config": config, "bytes": len(payload), "time": time.time()}
+    storage.write(f"{name}/{MANIFEST_FILE}", json.dumps(manifest, default=json_default).encode("utf-8"))
+    return Checkpoint(trial_id, step, storage.uri(name))
+
+
+def load_checkpoint(uri: str) -> Any:
+    """The trainer state of the complete checkpoint at `uri` (a path or URI). Checkpoints are pickles: load only
+    those you trust."""
+    import torch
+
+    folder = Storage(uri)
+    if not folder.exists(MANIFEST_FILE):
+        raise FileNotFoundError(f"{uri} is not a complete checkpoint (no {MANIFEST_FILE} in it)")
+    return torch.load(io.BytesIO(folder.read(STATE_FILE)), map_location="cpu", weights_only=False)
+
+
+def read_manifest(uri: str) -> dict[str, Any]:
+    """The manifest of the checkpoint at `uri`."""
+    return json.loads(Storage(uri).read(MANIFEST_FILE))
+
+
+def list_checkpoints(storage: Storage, trial_id: int) -> list[Checkpoint]:
+    """The complete checkpoints of trial `trial_id` in `storage`, by step (a write cut short has no manifest)."""
+    found = []
+    for entry in storage.list(f"trial-{trial_id}"):
+        prefix, _, step = entry.partition("-")
+        if prefix == "step" and step.isdigit() and storage.exists(f"trial-{trial_id}/{entry}/{MANIFEST_FILE}"):
+            found.append(Checkpoint(trial_id, int(step), storage.uri(checkpoint_name(trial_id, int(step)))))
+    return sorted(found, key=lambda c: c.step)
+
+
+class CheckpointWriter:
+    """Writes checkpoints to `storage` off the training path: `submit` queues a copied state, a thread serialises
+    and writes it, `collect` returns the finished writes (durable or failed), each once. Without `background` the
+    write happens inside `submit` (an in-process simulation needs no thread)."""
+
+    def __init__(self, storage: Storage, *, background: bool = True) -> None:
+        self.storage = storage
+        self.done: list[Checkpoint] = []
+        self.pending = 0
+        self.condition = threading.Condition()
+        self.queue: queue.SimpleQueue[tuple[int, int, Any, Any] | None] | None = None
+        if background:
+            self.queue = queue.SimpleQueue()
+            self.thread = threading.Thread(target=self._run, name="nasplat-checkpoint-writer", daemon=True)
+            self.thread.start()
+
+    def submit(self, trial_id: int, step: int, state: Any, config: Any = None) -> None:
+        """Write `state` (already a copy the caller no longer touches) as trial `trial_id`'s checkpoint of `step`."""
+        with self.condition:
+            self.pending += 1
+        if self.queue is None:
+            self._write(trial_id, step, state, config)
+        else:
+            self.queue.put((trial_id, step, state, config))
+
+    def fail(self, trial_id: int, step: int, error: str) -> None:
+        """Report the save of trial `trial_id`'s step `step` as failed with `error` (its state could not be had)."""
+        with self.condition:
+            self.done.append(Checkpoint(trial_id, step, None, error))
+            self.condition.notify_all()
+
+    def _run(self) -> None:
+        assert self.queue is not None
+        while (job := self.queue.get()) is not None:
+            self._write(*job)
+
+    def _write(self, trial_id: int, step: int, state: Any, config: Any) -> None:
+        try:
+            result = write_checkpoint(self.storage, trial_id, step, state, config)
+        except Exception as exc:  # reported to the engine; the trial goes on
+            result = Checkpoint(trial_id, step, None, f"{type(exc).__name__}: {exc}")
+        with self.condition:
+            self.done.append(result)
+            self.pending -= 1
+            self.condition.notify_all()
+
+    def collect(self, trial_id: int | None = None, *, wait: bool = False) -> list[Checkpoint]:
+        """The finished writes (of `trial_id` only, if given) not yet collected; with `wait`, first wait until no
+        write is pending."""
+        with self.condition:
+            if wait:
+                self.condition.wait_for(lambda: self.pending == 0)
+            taken = [c for c in self.done if trial_id is None or c.trial_id == trial_id]
+            self.done = [c for c in self.done if not (trial_id is None or c.trial_id == trial_id)]
+        return taken
+
+    def close(self) -> None:
+        """Finish the queued writes and end the thread."""
+        if self.queue is not None:
+            self.queue.put(None)
+            self.thread.join()
+            self.queue = None

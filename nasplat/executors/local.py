@@ -2,70 +2,125 @@
 
 from __future__ import annotations
 
-import copy
 import heapq
 import os
 import socket
 import time
 import traceback
-from collections import deque
+from collections import Counter, deque
 from typing import Any
 
-from nasplat.executors.base import Executor, StepEvent
+from nasplat.checkpoint import CheckpointWriter
+from nasplat.executors.base import Checkpoint, Executor, StepEvent
+from nasplat.executors.host import TrialHost
 from nasplat.space import Config
-from nasplat.trainer import Trainer, WorkerContext, start
+from nasplat.storage import Storage
+from nasplat.trainer import WorkerContext
 
 
 class LocalExecutor(Executor):
-    """Runs trials in this process, one step at a time, interleaving up to `concurrency` trials."""
+    """Runs trials in this process, one step at a time, interleaving up to `concurrency` trials. Checkpoints are
+    written by one writer thread while the next steps run."""
+
+    background_writes = True
 
     def __init__(self, concurrency: int = 1) -> None:
         if not isinstance(concurrency, int) or concurrency < 1:
             raise ValueError(f"`concurrency` must be an integer >= 1, got {concurrency=!r}")
         self.concurrency = concurrency
-        self.trainers: dict[int, Trainer] = {}
+        self.hosts: dict[int, TrialHost] = {}
+        self.snapshots: dict[int, Any] = {}  # trial id -> the copy `step(snapshot=True)` took
         self.kept: dict[int, Any] = {}
-        self.queue: deque[int] = deque()
+        self.queue: deque[tuple[str, int]] = deque()  # ("step" | "saves", trial id)
         self.failed_setup: dict[int, str] = {}
+        self.unreported: Counter[int] = Counter()  # trial id -> saves requested and not yet reported
+        self.writer: CheckpointWriter | None = None
         self.node, self.pid = socket.gethostname(), os.getpid()
 
-    def open(self, trainer: type, experiment: str) -> None:
+    def open(self, trainer: type, experiment: str, checkpoints: Storage | None = None) -> None:
         self.trainer_cls, self.experiment = trainer, experiment
+        if checkpoints is not None:
+            self.writer = CheckpointWriter(checkpoints, background=self.background_writes)
         self.t0 = time.perf_counter()
 
     def now(self) -> float:
         return time.perf_counter() - self.t0
 
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+        self.hosts, self.snapshots, self.kept = {}, {}, {}
+
     def launch(self, trial_id: int, config: Config, seed: int, state: Any = None, inherit: bool = False) -> None:
+        host = self.hosts[trial_id] = TrialHost(self.trainer_cls, self.writer)
+        self.snapshots.pop(trial_id, None)
         try:
-            trainer = start(self.trainer_cls(), config, WorkerContext(trial_id=trial_id, seed=seed))
-            if state is not None:
-                load = trainer.inherit_state if inherit else trainer.load_state_dict
-                load(copy.deepcopy(state))
-            self.trainers[trial_id] = trainer
+            host.build(trial_id, config, WorkerContext(trial_id=trial_id, seed=seed), state, inherit)
         except Exception:
             self.failed_setup[trial_id] = traceback.format_exc()
         self.step(trial_id)
 
-    def step(self, trial_id: int, snapshot: bool = False) -> None:
-        self.queue.append(trial_id)
+    def step(self, trial_id: int, snapshot: bool = False, save: int | None = None) -> None:
+        host = self.hosts[trial_id]
+        if trial_id not in self.failed_setup:
+            try:
+                if snapshot:
+                    self.snapshots[trial_id] = host.copy()
+            except Exception:
+                self.failed_setup[trial_id] = traceback.format_exc()
+        if save is not None:
+            self._save(host, save)
+        self._enqueue(trial_id)
 
-    def exploit(self, trial_id: int, donor_id: int, config: Config) -> Any:
-        trainer = self.trainers[trial_id]
-        state = copy.deepcopy(self.trainers[donor_id].state_dict())
+    def _enqueue(self, trial_id: int) -> None:
+        self.queue.append(("step", trial_id))
+
+    def _save(self, host: TrialHost, step: int) -> None:
+        if self.writer is None:
+            raise RuntimeError("a save was requested from an executor opened without checkpoint storage")
+        self.unreported[host.trial_id] += 1
+        host.save(step)
+
+    def exploit(self, trial_id: int, donor_id: int, config: Config, save: int | None = None,
+                fallback: Checkpoint | None = None) -> Any:
+        host = self.hosts[trial_id]
+        state = self.snapshots.get(donor_id)
+        if state is None:
+            donor = self.hosts.get(donor_id)
+            state = donor.copy() if donor is not None and donor.trainer is not None else self.kept.get(donor_id)
+        state = fallback if state is None else state
         try:
-            trainer.load_state_dict(copy.deepcopy(state))
-            trainer.update_config(config)
-            trainer.config = config
+            host.exploit(state, config, fallback)
         except Exception:
             self.failed_setup[trial_id] = traceback.format_exc()
-        self.step(trial_id)
+        self.snapshots.pop(trial_id, None)
+        if save is not None:
+            self._save(host, save)
+        self._enqueue(trial_id)
         return state
 
-    def stop(self, trial_id: int, keep_state: bool = False) -> None:
-        trainer = self.trainers.pop(trial_id, None)
-        if keep_state and trainer is not None:
-            self.kept[trial_id] = copy.deepcopy(trainer.state_dict())
+    def stop(self, trial_id: int, keep_state: bool = False, save: int | None = None) -> None:
+        host = self.hosts.pop(trial_id, None)
+        self.snapshots.pop(trial_id, None)
+        if host is None:
+            return
+        if keep_state and host.trainer is not None:
+            self.kept[trial_id] = host.copy()
+        if save is not None:
+            self._save(host, save)
+        if self.unreported[trial_id]:
+            self._report_saves(trial_id)
+
+    def _report_saves(self, trial_id: int) -> None:
+        """Make a later `wait` report the ended trial's outstanding saves."""
+        self.queue.append(("saves", trial_id))
+
+    def _saved(self, trial_id: int, *, wait: bool) -> tuple[Checkpoint, ...]:
+        if self.writer is None:
+            return ()
+        saved = tuple(self.writer.collect(trial_id, wait=wait))
+        self.unreported[trial_id] -= len(saved)
+        return saved
 
     def run_step(self, trial_id: int) -> StepEvent:
         begin = self.now()
@@ -73,15 +128,21 @@ class LocalExecutor(Executor):
         metrics = None
         if error is None:
             try:
-                metrics = dict(self.trainers[trial_id].step())
+                metrics = self.hosts[trial_id].step()
             except Exception:
                 error = traceback.format_exc()
-        return StepEvent(trial_id, metrics, error, begin, self.now(), self.node, self.pid)
+        saved = self._saved(trial_id, wait=error is not None)  # a failed attempt reports all it saved
+        return StepEvent(trial_id, metrics, error, begin, self.now(), self.node, self.pid, saved)
 
     def wait(self) -> list[StepEvent]:
         if not self.queue:
             raise RuntimeError("wait() called with no step running")
-        return [self.run_step(self.queue.popleft())]
+        kind, trial_id = self.queue.popleft()
+        if kind == "saves":
+            now = self.now()
+            return [StepEvent(trial_id, None, None, now, now, self.node, self.pid,
+                              self._saved(trial_id, wait=True))]
+        return [self.run_step(trial_id)]
 
 
 class SimulatedExecutor(LocalExecutor):
@@ -89,8 +150,10 @@ class SimulatedExecutor(LocalExecutor):
 
     Each step runs at once in this process, and finishes `metrics[cost_key]` simulated seconds after it
     started; `wait` returns steps in order of finishing time, so asynchrony is modelled exactly and
-    deterministically (ties broken by start order).
+    deterministically (ties broken by start order). Checkpoints are written at once, in this thread.
     """
+
+    background_writes = False
 
     def __init__(self, concurrency: int = 1, *, cost_key: str = "time_cost") -> None:
         super().__init__(concurrency)
@@ -99,14 +162,14 @@ class SimulatedExecutor(LocalExecutor):
         self.heap: list[tuple[float, int, StepEvent]] = []
         self.sequence = 0
 
-    def open(self, trainer: type, experiment: str) -> None:
-        super().open(trainer, experiment)
+    def open(self, trainer: type, experiment: str, checkpoints: Storage | None = None) -> None:
+        super().open(trainer, experiment, checkpoints)
         self.clock = 0.0
 
     def now(self) -> float:
         return self.clock
 
-    def step(self, trial_id: int, snapshot: bool = False) -> None:
+    def _enqueue(self, trial_id: int) -> None:
         event = self.run_step(trial_id)
         cost = 0.0
         if event.metrics is not None:
@@ -115,9 +178,18 @@ class SimulatedExecutor(LocalExecutor):
             except (KeyError, TypeError, ValueError):
                 event = StepEvent(trial_id, None, f"the simulated executor needs a numeric {self.cost_key!r} metric "
                                   f"(simulated seconds of the step), got metrics {event.metrics!r}",
-                                  event.start, event.end)
-        finish = self.clock + max(cost, 0.0)
-        event = StepEvent(trial_id, event.metrics, event.error, self.clock, finish, event.node, event.pid)
+                                  event.start, event.end, saved=event.saved)
+        self._push(max(cost, 0.0), StepEvent(trial_id, event.metrics, event.error, self.clock, 0.0, event.node,
+                                             event.pid, event.saved))
+
+    def _report_saves(self, trial_id: int) -> None:
+        self._push(0.0, StepEvent(trial_id, None, None, self.clock, 0.0, self.node, self.pid,
+                                  self._saved(trial_id, wait=True)))
+
+    def _push(self, cost: float, event: StepEvent) -> None:
+        finish = self.clock + cost
+        event = StepEvent(event.trial_id, event.metrics, event.error, event.start, finish, event.node, event.pid,
+                          event.saved)
         heapq.heappush(self.heap, (finish, self.sequence, event))
         self.sequence += 1
 
