@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import os
+import re
+import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -9,15 +13,18 @@ from typing import Any, Literal
 
 import cloudpickle
 
+from nasplat.checkpoint import CheckpointPolicy
 from nasplat.controllers import CONTROLLERS, Controller
-from nasplat.engine import Budget, Engine, write_meta
+from nasplat.engine import Budget, Engine
 from nasplat.executors.base import Executor
 from nasplat.executors.local import LocalExecutor, SimulatedExecutor
-from nasplat.results import ROWS_FILE, SPEC_FILE, STATE_FILE, ExperimentResult, load_pickle, write_atomic
+from nasplat.results import ExperimentResult
 from nasplat.space import Space
+from nasplat.storage import META_FILE, SPEC_JSON, SPEC_PICKLE, ExperimentFolder, is_uri
 from nasplat.trainer import resolve
 
 EXECUTORS = ("local", "simulated", "ray")
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 
 def make_controller(controller: str | type | Controller, space: Any, *, metric: str | None, mode: str, seed: int,
@@ -55,65 +62,131 @@ def make_executor(executor: str | Executor, *, concurrency: int | None, **option
 def run(*, trainer: type | str, controller: str | type | Controller = "random", space: Any = None,
         metric: str | None = None, mode: Literal["max", "min"] = "max", executor: str | Executor = "local",
         concurrency: int | None = None, max_trials: int | None = None, time_budget_s: float | None = None,
-        max_steps: int = 1,
-        max_failures: int = 0, seed: int = 0, name: str | None = None,
-        storage: str | Path | None = None, progress: bool = False, controller_options: Mapping[str, Any] | None = None,
-        executor_options: Mapping[str, Any] | None = None, checkpoint_interval_s: float = 1.0,
+        max_steps: int = 1, max_failures: int = 0, max_failed_trials: int | None = 10, seed: int = 0,
+        name: str | None = None, storage: str | Path | None = None,
+        checkpoint: CheckpointPolicy | Mapping[str, Any] | bool | None = None, progress: bool = False,
+        controller_options: Mapping[str, Any] | None = None, executor_options: Mapping[str, Any] | None = None,
         callbacks: Sequence[Any] = ()) -> ExperimentResult:
     """Run a search: `controller` proposes configs of `space`, `executor` trains them with `trainer`.
 
     `concurrency` trials run at once (default: 1 in process, as many as the Ray cluster's CPUs hold on
     `ray`). Each trial runs up to `max_steps` steps of `trainer`; the search asks for new trials until `max_trials`
-    trials were started and/or `time_budget_s` seconds passed on the executor's clock. With `storage`,
-    every step is appended to `<storage>/<name>/results.jsonl` and the state is checkpointed so that
-    `nasplat.resume(folder)` can finish a killed run. Each of `callbacks` has `on_row(engine, row)` called
-    with every recorded row.
+    trials were started and/or `time_budget_s` seconds passed on the executor's clock. A trial that raises is
+    retried `max_failures` times; once more than `max_failed_trials` trials failed (None: no limit) the run stops
+    and raises `ExperimentFailed` with the first errors.
+
+    With `storage` (a folder, or a URI such as `s3://bucket/prefix` that `pyarrow.fs` opens), every step is appended
+    to `<storage>/<name>/results.jsonl` and the folder is kept so that `nasplat.resume(folder)` finishes a killed
+    run; `checkpoint` (a `CheckpointPolicy`, a mapping of its fields, or True for its defaults) also writes trainer
+    states there, so that resumed and retried trials continue from their latest checkpoint. Each of `callbacks` has
+    `on_row(engine, row)` called with every recorded row (and `on_start(engine)`, `on_end(engine)` if it has them).
+    Everything is checked before the folder is created.
     """
-    trainer_cls = resolve(trainer, what="trainer")
-    if not isinstance(trainer_cls, type):
-        raise TypeError(f"`trainer` must be a Trainer class (or its dotted path), got {trainer_cls!r}")
-    ctrl = make_controller(controller, space, metric=metric, mode=mode, seed=seed, options=controller_options)
-    name = name or f"{type(ctrl).__name__.lower()}-{time.strftime('%Y%m%d-%H%M%S')}"
-    settings = dict(trainer=trainer_cls, controller=ctrl, executor=executor, concurrency=concurrency,
-                    budget=Budget(max_trials, time_budget_s, max_steps), max_failures=max_failures,
-                    seed=seed, name=name, progress=progress,
-                    executor_options=dict(executor_options or {}), checkpoint_interval_s=checkpoint_interval_s,
-                    callbacks=list(callbacks))
+    spec = dict(trainer=trainer, controller=controller, space=space, metric=metric, mode=mode, executor=executor,
+                concurrency=concurrency, max_trials=max_trials, time_budget_s=time_budget_s, max_steps=max_steps,
+                max_failures=max_failures, max_failed_trials=max_failed_trials, seed=seed, name=name,
+                storage=None if storage is None else str(storage), checkpoint=checkpoint,
+                controller_options=dict(controller_options or {}), executor_options=dict(executor_options or {}),
+                callbacks=list(callbacks))
+    built = _build(spec)
     folder = None
     if storage is not None:
-        folder = Path(storage) / name
-        if (folder / ROWS_FILE).exists():
-            raise FileExistsError(f"{folder} already holds an experiment; continue it with `nasplat resume {folder}` "
-                                  "or choose another `name`")
-        folder.mkdir(parents=True, exist_ok=True)
-        write_atomic(folder / SPEC_FILE, cloudpickle.dumps(settings))
-        write_meta(folder, name=name, metric=ctrl.metric, mode=ctrl.mode, controller=type(ctrl).__name__,
-                   executor=executor if isinstance(executor, str) else type(executor).__name__)
-    return _engine(settings, folder).run()
+        folder = ExperimentFolder(storage_location(str(storage), built["name"]))
+        spec["name"] = built["name"]
+        meta = dict(name=built["name"], metric=built["controller"].metric, mode=built["controller"].mode,
+                    controller=type(built["controller"]).__name__, location=folder.location,
+                    executor=executor if isinstance(executor, str) else type(executor).__name__)
+        files = {META_FILE: json.dumps(meta, indent=2).encode()}
+        plain = _plain_json(spec)
+        files.update({SPEC_JSON: plain.encode()} if plain is not None else {SPEC_PICKLE: cloudpickle.dumps(spec)})
+        folder.create(files)
+    return _engine(built, folder, progress).run()
 
 
-def resume(folder: str | Path, *, progress: bool | None = None) -> ExperimentResult:
-    """Finish the experiment in `folder` from its last checkpoint; completed rows are kept, none duplicated."""
-    folder = Path(folder)
-    if not (folder / SPEC_FILE).exists():
-        raise FileNotFoundError(f"{folder} is not a nasplat experiment folder (no {SPEC_FILE})")
-    settings = load_pickle(folder / SPEC_FILE)
-    if progress is not None:
-        settings["progress"] = progress
-    engine = _engine(settings, folder)
-    if (folder / STATE_FILE).exists():
-        engine.load_state_dict(load_pickle(folder / STATE_FILE))
+def resume(location: str | Path, *, progress: bool = False) -> ExperimentResult:
+    """Finish the experiment at `location` (a folder or URI): the controller is rebuilt by replaying the recorded
+    rows, running trials continue from their latest checkpoint; no recorded row is lost or duplicated."""
+    from nasplat.replay import resume_engine
+
+    folder = ExperimentFolder(location)
+    rows, journal = folder.open_existing()
+    try:
+        engine = _engine(_build(read_spec(folder.path)), folder, progress)
+        line = resume_engine(engine, rows, journal)
+    except BaseException:
+        folder.close()
+        raise
+    if progress:
+        print(f"[nasplat {engine.name}] {line}", file=sys.stderr, flush=True)
     return engine.run()
 
 
-def _engine(settings: dict[str, Any], folder: Path | None) -> Engine:
-    executor = make_executor(settings["executor"], concurrency=settings["concurrency"], **settings["executor_options"])
-    engine = Engine(controller=settings["controller"], executor=executor, trainer=settings["trainer"],
-                  budget=settings["budget"], name=settings["name"], seed=settings["seed"],
-                  max_failures=settings["max_failures"], storage=folder,
-                  progress=settings["progress"], checkpoint_interval_s=settings["checkpoint_interval_s"])
-    engine.listeners.extend(settings["callbacks"])
-    if settings["executor"] == "ray":
+def read_spec(path: Path) -> dict[str, Any]:
+    """The experiment as `nasplat.run` got it: plain JSON, or (for live objects handed to the Python API) a pickle,
+    which runs code when loaded: resume only folders you trust."""
+    if (path / SPEC_JSON).exists():
+        try:
+            return json.loads((path / SPEC_JSON).read_text(encoding="utf-8"))
+        except ValueError as exc:
+            raise ValueError(f"{path / SPEC_JSON}: cannot read it as JSON ({exc})") from None
+    if (path / SPEC_PICKLE).exists():
+        try:
+            return cloudpickle.loads((path / SPEC_PICKLE).read_bytes())
+        except Exception as exc:
+            raise ValueError(f"{path / SPEC_PICKLE}: cannot load it ({type(exc).__name__}: {exc})") from None
+    raise FileNotFoundError(f"{path} is not a nasplat experiment folder (no {SPEC_JSON} or {SPEC_PICKLE})")
+
+
+def storage_location(storage: str, name: str) -> str:
+    """Where the experiment `name` lives under `storage`. A relative folder inside a Ray job's uploaded working
+    directory (which Ray deletes) is placed under `$NASPLAT_RESULTS` (default `~/nasplat_results`) instead."""
+    if is_uri(storage):
+        return f"{storage.rstrip('/')}/{name}"
+    base = Path(storage).expanduser()
+    if not base.is_absolute() and "runtime_resources" in Path.cwd().parts:
+        base = Path(os.environ.get("NASPLAT_RESULTS", Path.home() / "nasplat_results")) / base
+    return str(base.resolve() / name)
+
+
+def _build(spec: dict[str, Any]) -> dict[str, Any]:
+    """Everything the engine needs, checked: trainer, controller, budget, executor, checkpoint policy, name."""
+    trainer = resolve(spec["trainer"], what="trainer")
+    if not isinstance(trainer, type):
+        raise TypeError(f"`trainer` must be a Trainer class (or its dotted path), got {trainer!r}")
+    controller = make_controller(spec["controller"], spec["space"], metric=spec["metric"], mode=spec["mode"],
+                                 seed=spec["seed"], options=spec["controller_options"])
+    name = spec["name"] or f"{type(controller).__name__.lower()}-{time.strftime('%Y%m%d-%H%M%S')}"
+    if not isinstance(name, str) or not NAME.fullmatch(name):
+        raise ValueError(f"`name` must be 1-128 letters, digits, '.', '_' or '-' starting with a letter or digit "
+                         f"(no path separators), got {name!r}")
+    if spec["storage"] is not None and not isinstance(spec["storage"], str):
+        raise ValueError(f"`storage` must be a folder or a URI, got {spec['storage']!r}")
+    budget = Budget(spec["max_trials"], spec["time_budget_s"], spec["max_steps"])
+    policy = CheckpointPolicy.from_options(spec["checkpoint"])
+    if policy is not None and spec["storage"] is None:
+        raise ValueError("`checkpoint` needs `storage`: checkpoints are written into the experiment's storage")
+    executor = make_executor(spec["executor"], concurrency=spec["concurrency"], **spec["executor_options"])
+    return dict(trainer=trainer, controller=controller, name=name, budget=budget, policy=policy, executor=executor,
+                seed=spec["seed"], max_failures=spec["max_failures"], max_failed_trials=spec["max_failed_trials"],
+                callbacks=list(spec["callbacks"]), ray=spec["executor"] == "ray")
+
+
+def _engine(built: dict[str, Any], folder: ExperimentFolder | None, progress: bool) -> Engine:
+    engine = Engine(controller=built["controller"], executor=built["executor"], trainer=built["trainer"],
+                    budget=built["budget"], name=built["name"], seed=built["seed"], max_failures=built["max_failures"],
+                    max_failed_trials=built["max_failed_trials"], folder=folder, checkpoint=built["policy"],
+                    progress=progress)
+    engine.listeners.extend(built["callbacks"])
+    if built["ray"]:
         from nasplat.monitoring import RayMetrics
-        engine.listeners.append(RayMetrics(settings["name"]))
+        engine.listeners.append(RayMetrics(built["name"]))
     return engine
+
+
+def _plain_json(spec: dict[str, Any]) -> str | None:
+    """`spec` as JSON if it is plain data (names, dotted paths, numbers), else None."""
+    try:
+        text = json.dumps(spec, indent=2, allow_nan=False)
+    except (TypeError, ValueError):
+        return None
+    return text if json.loads(text) == spec else None

@@ -8,7 +8,9 @@ from pathlib import Path
 
 import nasplat
 from nasplat.experiment import load_experiment
+from nasplat.engine import ExperimentFailed
 from nasplat.results import ExperimentResult
+from nasplat.storage import FolderInUse
 
 
 def _print_summary(result: ExperimentResult, top: int = 10) -> None:
@@ -107,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
         return args.func(args)
-    except (ValueError, TypeError, FileNotFoundError, FileExistsError) as exc:
+    except (ValueError, TypeError, FileNotFoundError, FileExistsError, FolderInUse, ExperimentFailed) as exc:
         print(f"nasplat {args.command}: error: {exc}", file=sys.stderr)
         return 2
 

@@ -1,22 +1,29 @@
-"""The one loop every executor shares: ask the controller, dispatch, gather, decide, record, checkpoint."""
+"""The one loop every executor shares: ask the controller, dispatch, gather, decide, record.
+
+Rows and journal entries leave through an outbox in the order the controller saw them; a row whose step is being
+checkpointed waits there (and every later entry with it) until the checkpoint is durable. So what is on disk is
+always a prefix of what happened, a running trial's last recorded step always has its checkpoint, and
+`nasplat resume` rebuilds the controller exactly by replaying rows and journal (`nasplat.replay`).
+"""
 
 from __future__ import annotations
 
-import json
 import math
-import pickle
 import sys
 import time
+from collections import deque
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from nasplat.controllers.base import Controller, Exploit, Result, Stop, TrialSpec
-from nasplat.executors.base import Executor, StepEvent
-from nasplat.results import RESERVED, STATE_FILE, ExperimentResult, better, ResultStore, truncate_rows, write_atomic
+from nasplat.checkpoint import CheckpointPolicy
+from nasplat.controllers.base import Controller, Decision, Exploit, Result, Stop, TrialSpec
+from nasplat.executors.base import Checkpoint, Executor, StepEvent
+from nasplat.metrics import MetricError, clean_metrics
+from nasplat.results import ExperimentResult, better
 from nasplat.space import Config
+from nasplat.storage import ExperimentFolder, Storage
 
 
 @dataclass
@@ -31,7 +38,8 @@ class TrialRecord:
     attempt: int = 0
     metrics: dict[str, Any] = field(default_factory=dict)
     error: str | None = None
-    restart: tuple[Any, int] | None = None  # (state handle, step) to retry from, set by exploits
+    restart: tuple[Any, int] | None = None  # (in-memory state handle, step) a retry may start from, set by exploits
+    checkpoint: Checkpoint | None = None  # the latest durable checkpoint
     inherit: Any = None  # the parent's final state handle the trial starts from (evolution's inherit_weights)
 
 
@@ -46,68 +54,103 @@ class Budget:
     def __post_init__(self) -> None:
         if self.max_trials is None and self.time_s is None:
             raise ValueError("a budget needs `max_trials` and/or `time_budget_s`; got neither")
-        if self.max_trials is not None and (not isinstance(self.max_trials, int) or self.max_trials < 1):
+        if self.max_trials is not None and not _is_int(self.max_trials, 1):
             raise ValueError(f"`max_trials` must be an integer >= 1, got {self.max_trials!r}")
-        if self.time_s is not None and not self.time_s > 0:
-            raise ValueError(f"`time_budget_s` must be > 0, got {self.time_s!r}")
-        if not isinstance(self.max_steps, int) or self.max_steps < 1:
+        if self.time_s is not None and (isinstance(self.time_s, bool) or not isinstance(self.time_s, (int, float))
+                                        or not self.time_s > 0 or not math.isfinite(self.time_s)):
+            raise ValueError(f"`time_budget_s` must be a number > 0, got {self.time_s!r}")
+        if not _is_int(self.max_steps, 1):
             raise ValueError(f"`max_steps` must be an integer >= 1, got {self.max_steps!r}")
+
+
+class ExperimentFailed(RuntimeError):
+    """More trials failed than `max_failed_trials` allows; the message sums up the first errors."""
 
 
 class Engine:
     """Keeps `executor.concurrency` trials running until the budget is spent and every trial has ended."""
 
     def __init__(self, *, controller: Controller, executor: Executor, trainer: type, budget: Budget,
-                 name: str = "experiment", seed: int = 0, max_failures: int = 0, storage: Path | None = None,
-                 progress: bool = False, checkpoint_interval_s: float = 1.0) -> None:
-        if not isinstance(max_failures, int) or max_failures < 0:
+                 name: str = "experiment", seed: int = 0, max_failures: int = 0, max_failed_trials: int | None = 10,
+                 folder: ExperimentFolder | None = None, checkpoint: CheckpointPolicy | None = None,
+                 progress: bool = False) -> None:
+        if not _is_int(max_failures, 0):
             raise ValueError(f"`max_failures` must be an integer >= 0, got {max_failures!r}")
+        if max_failed_trials is not None and not _is_int(max_failed_trials, 0):
+            raise ValueError(f"`max_failed_trials` must be an integer >= 0 or None, got {max_failed_trials!r}")
+        if checkpoint is not None and folder is None:
+            raise ValueError("checkpoints need `storage`: set `storage` or drop `checkpoint`")
         self.controller, self.executor, self.trainer, self.budget = controller, executor, trainer, budget
-        self.name, self.seed, self.max_failures = name, seed, max_failures
-        self.storage, self.progress, self.checkpoint_interval_s = storage, progress, checkpoint_interval_s
+        self.name, self.seed, self.max_failures, self.max_failed_trials = name, seed, max_failures, max_failed_trials
+        self.folder, self.policy, self.progress = folder, checkpoint, progress
+        self.objectives: tuple[str, ...] = tuple(getattr(controller, "metrics", (controller.metric,)))
         self.trials: dict[int, TrialRecord] = {}
         self.active: set[int] = set()  # ids of running trials
-        self.store = ResultStore(storage)
+        self.rows: list[dict[str, Any]] = []  # rows recorded (out of the outbox), in order
+        self.outbox: deque[tuple[str, dict[str, Any], tuple[int, int] | None]] = deque()
+        self.saving: set[tuple[int, int]] = set()  # (trial, step) checkpoints requested and not yet reported
         self.clock_offset = 0.0
         self.exploits = 0
+        self.failed_errors: list[tuple[int, str]] = []  # (trial, error) of trials that ended failed
         self.best_row: dict[str, Any] | None = None
-        self._last_checkpoint = self._last_progress = 0.0
-        self._ended_since_checkpoint = False  # a trial ended: its rows must be covered by the next checkpoint
+        self._last_progress = 0.0
         # objects with on_row(engine, row), and optionally on_start(engine) / on_end(engine): dashboard metrics,
         # TensorBoard, MLflow
         self.listeners: list[Any] = []
 
     # -- the loop --------------------------------------------------------------------------------
     def run(self) -> ExperimentResult:
-        self.executor.open(self.trainer, self.name)
-        needed = getattr(self.controller, "min_concurrency", 1)
-        if self.executor.concurrency < needed:
-            raise ValueError(f"{type(self.controller).__name__} needs its {needed} members training side by side, "
-                             f"got concurrency={self.executor.concurrency}; raise concurrency to >= {needed}")
-        if needed > 1:
-            self.executor.reserve(needed)
-        self.checkpoint()
-        if self.progress and self.storage is not None:
-            print(f"[nasplat {self.name}] results in {self.storage} · live view: nasplat serve {self.storage}",
-                  file=sys.stderr, flush=True)
-        self._notify("on_start")
+        """Run to the end of the budget; raises `ExperimentFailed` once more than `max_failed_trials` failed."""
         try:
+            self.executor.open(self.trainer, self.name, self.folder.checkpoints if self.policy else None)
+            needed = getattr(self.controller, "min_concurrency", 1)
+            if self.executor.concurrency < needed:
+                raise ValueError(f"{type(self.controller).__name__} needs its {needed} members training side by side, "
+                                 f"got concurrency={self.executor.concurrency}; raise concurrency to >= {needed}")
+            if needed > 1:
+                self.executor.reserve(needed)
+            if self.progress and self.folder is not None:
+                print(f"[nasplat {self.name}] results in {self.folder.location} · live view: nasplat serve "
+                      f"{self.folder.path}", file=sys.stderr, flush=True)
+            self._notify("on_start")
             for record in self.running():
-                self._launch(record, fresh=True)
+                self._launch(record)
             while True:
-                self._fill()
-                if not self.active:
+                if not self.failed_out():
+                    self._fill()
+                if not self.active and not self.saving:
                     break
+                if self.failed_out() and self.active:
+                    for trial_id in list(self.active):  # left running: `nasplat resume` may continue them
+                        self.executor.stop(trial_id)
+                        self.active.discard(trial_id)
+                    continue
                 for event in self.executor.wait():
                     self._handle(event)
-                self._maybe_checkpoint()
+                if self.folder is not None:
+                    self.folder.sync()
         finally:
-            self.checkpoint()
-            self._print_progress(final=True)
-            self.store.close()
-            self.executor.close()
-            self._notify("on_end")
+            self._close()
+        if self.failed_out():
+            raise ExperimentFailed(self.failure_summary())
         return self.result()
+
+    def _close(self) -> None:
+        """Flush what may go out, release the folder and the executor, tell the listeners; each part runs even if
+        an earlier one fails."""
+        try:
+            self.saving.clear()
+            self._flush()
+            self._print_progress(final=True)
+        finally:
+            try:
+                if self.folder is not None:
+                    self.folder.close()
+            finally:
+                try:
+                    self.executor.close()
+                finally:
+                    self._notify("on_end")
 
     def _notify(self, hook: str) -> None:
         """Call `hook(engine)` on every listener that has it."""
@@ -120,150 +163,221 @@ class Engine:
         return self.clock_offset + self.executor.now()
 
     def running(self) -> list[TrialRecord]:
-        return [self.trials[t] for t in self.active]
+        return [self.trials[t] for t in sorted(self.active)]
 
     def budget_left(self) -> bool:
         if self.budget.max_trials is not None and len(self.trials) >= self.budget.max_trials:
             return False
         return self.budget.time_s is None or self.now() < self.budget.time_s
 
+    def failed_out(self) -> bool:
+        """Whether more trials failed than `max_failed_trials` allows."""
+        return self.max_failed_trials is not None and len(self.failed_errors) > self.max_failed_trials
+
+    def failure_summary(self) -> str:
+        first = "; ".join(f"trial {t}: {_last_line(e)}" for t, e in self.failed_errors[:3])
+        return (f"{len(self.failed_errors)} trials failed, more than max_failed_trials={self.max_failed_trials}; "
+                f"stopped. First errors: {first}")
+
     def _fill(self) -> None:
         while len(self.active) < self.executor.concurrency and self.budget_left():
             spec = self.controller.ask()
             if spec is None:
                 return
-            self._start(spec)
+            record = self.add_trial(spec)
+            self._emit("ask", {"ask": spec.trial_id, "rows": None, "time": round(self.now(), 6)})
+            if spec.inherit_from is not None:
+                record.inherit = self.executor.kept_state(spec.inherit_from)
+            self._launch(record)
 
-    def _start(self, spec: TrialSpec) -> None:
+    def add_trial(self, spec: TrialSpec) -> TrialRecord:
+        """Take on a trial the controller proposed."""
         if spec.trial_id in self.trials:
             raise RuntimeError(f"controller proposed trial id {spec.trial_id} twice")
         record = TrialRecord(spec.trial_id, spec.config, spec.parent_id)
-        if spec.inherit_from is not None:
-            record.inherit = self.executor.kept_state(spec.inherit_from)
         self.trials[spec.trial_id] = record
         self.active.add(spec.trial_id)
-        self._launch(record, fresh=True)
+        return record
 
-    def _launch(self, record: TrialRecord, *, fresh: bool) -> None:
-        state = None
-        if fresh:
-            record.step, record.restart = 0, None
-        elif record.restart is not None:
-            state, record.step = record.restart
+    def _launch(self, record: TrialRecord) -> None:
+        """Start (or restart) the trial from the newest state it can reach: an exploit's in-memory donor state or its
+        latest durable checkpoint, whichever is further; else from scratch (or its parent's state)."""
+        state, inherit = None, False
+        memory, durable = record.restart, record.checkpoint
+        if durable is not None and (memory is None or durable.step >= memory[1]):
+            state, record.step = durable, durable.step
+        elif memory is not None:
+            state, record.step = memory
         else:
             record.step = 0
+            state, inherit = record.inherit, record.inherit is not None
         trial_seed = int(np.random.SeedSequence([self.seed, record.trial_id, record.attempt]).generate_state(1)[0])
-        if state is None and record.inherit is not None:
-            self.executor.launch(record.trial_id, record.config, trial_seed, record.inherit, inherit=True)
-        else:
-            self.executor.launch(record.trial_id, record.config, trial_seed, state)
+        self.executor.launch(record.trial_id, record.config, trial_seed, state, inherit=inherit)
 
     # -- results ---------------------------------------------------------------------------------
     def _handle(self, event: StepEvent) -> None:
-        record = self.trials[event.trial_id]
-        if record.status != "running":
+        for checkpoint in event.saved:
+            self._saved(checkpoint)
+        record = self.trials.get(event.trial_id)
+        if (event.metrics is None and event.error is None) or record is None or record.status != "running":
+            self._flush()
             return
         if event.error is not None:
             self._fail(record, event, event.error, retry=True)
             return
-        metrics = event.metrics or {}
-        value = metrics.get(self.controller.metric)
-        if not isinstance(value, (int, float)) or not math.isfinite(value):
-            self._fail(record, event, f"metric {self.controller.metric!r} is {value!r}: not a finite number "
-                                      f"(reported metrics: {sorted(metrics)})", retry=False)
+        try:
+            metrics = clean_metrics(event.metrics, self.objectives)
+        except MetricError as exc:
+            self._fail(record, event, str(exc), retry=False)
             return
-        record.step += 1
-        record.metrics = metrics
-        result = Result(metrics, record.step)
-        decision = self.controller.on_result(record.trial_id, result)
-        done = record.step >= self.budget.max_steps or bool(metrics.get("done", False))
-        status = "stopped" if isinstance(decision, Stop) and not done else "completed" if done else "running"
-        donor = decision.donor_id if isinstance(decision, Exploit) and not done else None
-        self._record(record, event, status, metrics=metrics, donor_id=donor)
+        row = self._row(record, event, "running", record.step + 1, metrics)
+        status, decision = self.advance(record, metrics, record.step + 1)
+        exploit = isinstance(decision, Exploit) and status == "running"
+        row["status"], row["donor_id"] = status, decision.donor_id if exploit else None
+        perturbation = status == "running" and self.controller.snapshot_due(record.trial_id, record.step)
+        save = record.step if self.policy is not None and self.policy.due(
+            record.step, perturbation=perturbation, ending=status != "running") else None
+        self._emit("row", row, wait=(record.trial_id, save) if save is not None else None)
         if status != "running":
-            self._finish(record, status, result)
+            self._release(record, save)
+        elif exploit:
+            donor = self.trials[decision.donor_id]
+            handle = self.executor.exploit(record.trial_id, decision.donor_id, decision.config, save=save,
+                                           fallback=donor.checkpoint)
+            record.restart = (handle, record.step)
+        else:
+            self.executor.step(record.trial_id, snapshot=perturbation, save=save)
+
+    def advance(self, record: TrialRecord, metrics: dict[str, Any], step: int) -> tuple[str, Decision]:
+        """Hand a step's metrics to the controller and apply its decision to the record (no executor involved:
+        resuming replays recorded rows through here). Returns the trial's new status and the decision."""
+        record.step, record.metrics = step, metrics
+        result = Result(metrics, step)
+        decision = self.controller.on_result(record.trial_id, result)
+        done = step >= self.budget.max_steps or metrics.get("done") is True
+        status = "stopped" if isinstance(decision, Stop) and not done else "completed" if done else "running"
+        if status != "running":
+            self.end(record, status, result)
         elif isinstance(decision, Exploit):
             self.exploits += 1
             record.config = decision.config
-            record.restart = (self.executor.exploit(record.trial_id, decision.donor_id, decision.config), record.step)
-        else:
-            self.executor.step(record.trial_id, snapshot=self.controller.snapshot_due(record.trial_id, record.step))
+        return status, decision
+
+    def end(self, record: TrialRecord, status: str, result: Result) -> None:
+        """The trial ended: tell the controller."""
+        record.status = status
+        self.active.discard(record.trial_id)
+        if status == "failed":
+            record.error = result.error
+            self.failed_errors.append((record.trial_id, result.error or "failed"))
+        self.controller.tell(record.trial_id, result)
 
     def _fail(self, record: TrialRecord, event: StepEvent, error: str, *, retry: bool) -> None:
+        self._drop_saves(record.trial_id)
         if retry and record.attempt < self.max_failures:
+            self._emit("row", self._row(record, event, "retried", record.step + 1, {}, error=error))
             record.attempt += 1
             self.executor.stop(record.trial_id)
-            self._launch(record, fresh=False)
+            self._launch(record)
             return
-        record.error = error
-        self._record(record, event, "failed", metrics=event.metrics or {}, step=record.step + 1, error=error)
-        self._finish(record, "failed", Result(event.metrics or {}, record.step + 1, failed=True, error=error))
+        self._emit("row", self._row(record, event, "failed", record.step + 1, {}, error=error))
+        self.end(record, "failed", Result({}, record.step + 1, failed=True, error=error))
+        self._release(record, None)
 
-    def _finish(self, record: TrialRecord, status: str, result: Result) -> None:
-        record.status = status
-        self._ended_since_checkpoint = True
-        self.active.discard(record.trial_id)
-        self.controller.tell(record.trial_id, result)
+    def _release(self, record: TrialRecord, save: int | None) -> None:
+        """Stop an ended trial on the executor, keeping its state where the controller may want it as a parent."""
         parents = self.controller.parents()
-        self.executor.stop(record.trial_id, keep_state=parents is not None and record.trial_id in parents)
+        self.executor.stop(record.trial_id, keep_state=parents is not None and record.trial_id in parents, save=save)
         if parents is not None:
             self.executor.drop_states(parents)
 
-    def _record(self, record: TrialRecord, event: StepEvent, status: str, *, metrics: dict[str, Any],
-                step: int | None = None, donor_id: int | None = None, error: str | None = None) -> None:
+    def _row(self, record: TrialRecord, event: StepEvent, status: str, step: int, metrics: dict[str, Any], *,
+             error: str | None = None) -> dict[str, Any]:
         row: dict[str, Any] = {
-            "trial_id": record.trial_id, "step": record.step if step is None else step, "attempt": record.attempt,
-            "status": status, "config": record.config, "parent_id": record.parent_id, "donor_id": donor_id,
+            "trial_id": record.trial_id, "step": step, "attempt": record.attempt, "status": status,
+            "config": record.config, "parent_id": record.parent_id, "donor_id": None,
             "start": self.clock_offset + event.start, "end": self.clock_offset + event.end,
             "node": event.node, "pid": event.pid, "error": error,
         }
-        for key, value in metrics.items():
-            row[f"metric.{key}" if key in RESERVED else key] = value
-        if status != "running":
-            record.status = status  # before the listeners see the row: they count the trial as ended
-        self.store.append(row)
-        value = row.get(self.controller.metric)
-        if status != "failed" and isinstance(value, (int, float)) and math.isfinite(value) and (
-                self.best_row is None or better(value, self.best_row[self.controller.metric], self.controller.mode)):
-            self.best_row = row
+        row.update(metrics)
+        return row
+
+    # -- the outbox and checkpoints ----------------------------------------------------------------
+    def _emit(self, kind: str, item: dict[str, Any], wait: tuple[int, int] | None = None) -> None:
+        if wait is not None:
+            self.saving.add(wait)
+        self.outbox.append((kind, item, wait))
+        self._flush()
+
+    def _flush(self) -> None:
+        """Record every outbox entry up to the first that waits for a checkpoint not yet reported."""
+        while self.outbox and (self.outbox[0][2] is None or self.outbox[0][2] not in self.saving):
+            kind, item, _ = self.outbox.popleft()
+            if kind == "ask":
+                item["rows"] = len(self.rows)
+                if self.folder is not None:
+                    self.folder.append_journal(item)
+            else:
+                self.record(item)
+
+    def record(self, row: dict[str, Any]) -> None:
+        """A row leaves the outbox: append it, note the best, tell the listeners."""
+        self.rows.append(row)
+        if self.folder is not None:
+            self.folder.append_row(row)
+        self.note_best(row)
         for listener in self.listeners:
             listener.on_row(self, row)
         self._print_progress()
 
-    # -- persistence -------------------------------------------------------------------------------
-    def state_dict(self) -> dict[str, Any]:
-        trials = {tid: TrialRecord(r.trial_id, r.config, r.parent_id, r.status, r.step, r.attempt, r.metrics, r.error)
-                  for tid, r in self.trials.items()}
-        return {"controller": self.controller.state_dict(), "trials": trials, "clock": self.now(),
-                "offset": self.store.offset(), "exploits": self.exploits}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from a snapshot: rows written after it are dropped and its running trials start over."""
-        self.controller.load_state_dict(state["controller"])
-        self.trials, self.clock_offset, self.exploits = state["trials"], state["clock"], state["exploits"]
-        self.active = {t for t, r in self.trials.items() if r.status == "running"}
-        if self.storage is not None:
-            self.store.close()
-            truncate_rows(self.storage, state["offset"], {r.trial_id for r in self.running()})
-            self.store = ResultStore(self.storage)
-
-    def checkpoint(self) -> None:
-        """Write the engine and controller state atomically (temp file + rename)."""
-        if self.storage is None:
+    def note_best(self, row: dict[str, Any]) -> None:
+        value = row.get(self.controller.metric)
+        if row["status"] in ("failed", "retried") or not isinstance(value, (int, float)) or isinstance(value, bool):
             return
-        write_atomic(self.storage / STATE_FILE, pickle.dumps(self.state_dict()))
-        self._last_checkpoint, self._ended_since_checkpoint = time.monotonic(), False
+        if self.best_row is None or better(value, self.best_row[self.controller.metric], self.controller.mode):
+            self.best_row = row
 
-    def _maybe_checkpoint(self) -> None:
-        """After every batch of results in which a trial ended (so that a resume never re-runs a finished trial),
-        and every `checkpoint_interval_s` seconds while trials run."""
-        if self.storage is not None and (self._ended_since_checkpoint or
-                                         time.monotonic() - self._last_checkpoint >= self.checkpoint_interval_s):
-            self.checkpoint()
+    def _saved(self, checkpoint: Checkpoint) -> None:
+        """A requested checkpoint is durable (or failed): its row may go out, older ones of the trial go."""
+        key = (checkpoint.trial_id, checkpoint.step)
+        self.saving.discard(key)
+        if checkpoint.uri is None:
+            print(f"[nasplat {self.name}] checkpoint of trial {checkpoint.trial_id} at step {checkpoint.step} "
+                  f"failed: {_last_line(checkpoint.error or '')}", file=sys.stderr, flush=True)
+            return
+        for kind, item, wait in self.outbox:
+            if wait == key:
+                item["checkpoint"] = checkpoint.uri
+        record = self.trials.get(checkpoint.trial_id)
+        if record is None:
+            return
+        previous, record.checkpoint = record.checkpoint, checkpoint
+        if previous is not None and previous.uri != checkpoint.uri:
+            _delete(previous)
+        if record.status != "running":
+            self._prune()
+
+    def _prune(self) -> None:
+        """Keep the checkpoints of the `keep_best` best ended trials (and of every running one); delete the rest."""
+        assert self.policy is not None
+        scored = [(r.metrics[self.controller.metric], r.trial_id) for r in self.trials.values()
+                  if r.status in ("completed", "stopped") and r.checkpoint is not None
+                  and isinstance(r.metrics.get(self.controller.metric), (int, float))]
+        scored.sort(reverse=self.controller.mode == "max")
+        for _, trial_id in scored[self.policy.keep_best:]:
+            record = self.trials[trial_id]
+            if record.checkpoint is not None:
+                _delete(record.checkpoint)
+                record.checkpoint = None
+
+    def _drop_saves(self, trial_id: int) -> None:
+        """A trial's attempt failed: checkpoints it had not finished will never be reported."""
+        self.saving = {key for key in self.saving if key[0] != trial_id}
+        self._flush()
 
     def result(self) -> ExperimentResult:
-        return ExperimentResult(self.store.rows, self.controller.metric, self.controller.mode, self.storage,
-                                dict(self.trials))
+        return ExperimentResult(list(self.rows), self.controller.metric, self.controller.mode,
+                                self.folder.path if self.folder is not None else None, dict(self.trials))
 
     # -- console ---------------------------------------------------------------------------------
     def progress_line(self) -> str:
@@ -290,6 +404,18 @@ class Engine:
             print(self.progress_line(), end=end, file=sys.stderr, flush=True)
 
 
-def write_meta(folder: Path, **meta: Any) -> None:
-    folder.mkdir(parents=True, exist_ok=True)
-    write_atomic(folder / "meta.json", json.dumps(meta, indent=2).encode())
+def _is_int(value: Any, low: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= low
+
+
+def _last_line(text: str) -> str:
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    return lines[-1].strip() if lines else text
+
+
+def _delete(checkpoint: Checkpoint) -> None:
+    """Delete a checkpoint's folder; a failure only costs disk space."""
+    try:
+        Storage(checkpoint.uri).delete("")
+    except OSError:
+        pass

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import pickle
 import signal
 import subprocess
 import sys
@@ -14,7 +13,7 @@ import pytest
 
 import nasplat
 from nasplat import Choice, Float, Int, Trainer
-from nasplat.results import STATE_FILE, ExperimentResult
+from nasplat.results import ExperimentResult
 
 SPACE = {"x": Float(-2.0, 2.0), "k": Int(1, 5), "act": Choice(["a", "b"])}
 
@@ -101,14 +100,15 @@ def test_simulated_executor_is_deterministic_and_orders_by_finish_time():
     assert len({r["trial_id"] for r in runs[0].rows}) > 4
 
 
-def test_storage_writes_rows_and_state_and_loads_back(tmp_path):
+def test_storage_writes_rows_and_journal_and_loads_back(tmp_path):
     result = nasplat.run(trainer=Quadratic, space=SPACE, metric="score", max_trials=5, max_steps=2, seed=0,
                          storage=tmp_path, name="exp")
     folder = tmp_path / "exp"
     lines = (folder / "results.jsonl").read_text().splitlines()
     assert len(lines) == 10 and json.loads(lines[0])["trial_id"] == 0
-    state = pickle.loads((folder / STATE_FILE).read_bytes())
-    assert all(r.status == "completed" for r in state["trials"].values())
+    journal = [json.loads(line) for line in (folder / "journal.jsonl").read_text().splitlines()]
+    assert [entry["ask"] for entry in journal] == [0, 1, 2, 3, 4]
+    assert [entry["rows"] for entry in journal] == [0, 2, 4, 6, 8]  # one trial at a time, two rows each
     loaded = ExperimentResult.load(folder)
     assert loaded.best == result.best and loaded.metric == "score"
     with pytest.raises(FileExistsError, match="nasplat resume"):
@@ -133,8 +133,7 @@ class Crashy(Trainer):
 
 nasplat.run(trainer=Crashy, space={"x": Float(-2.0, 2.0), "k": Int(1, 5)}, metric="score",
             controller="evolution", controller_options={"population_size": 3, "sample_size": 2},
-            max_trials=10, max_steps=3, concurrency=2, seed=4, storage=sys.argv[1], name=sys.argv[2],
-            checkpoint_interval_s=0.0)
+            max_trials=10, max_steps=3, concurrency=2, seed=4, storage=sys.argv[1], name=sys.argv[2])
 """
 
 

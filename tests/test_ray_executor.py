@@ -181,7 +181,7 @@ class Slow(Trainer):
 
 nasplat.run(trainer=Slow, space={"x": Float(0.0, 1.0)}, metric="score", controller="evolution",
             controller_options={"population_size": 4, "sample_size": 2}, executor="ray", concurrency=2,
-            max_trials=24, max_steps=4, seed=1, storage=sys.argv[1], name="exp", checkpoint_interval_s=0.2)
+            max_trials=24, max_steps=4, seed=1, storage=sys.argv[1], name="exp")
 """
 
 

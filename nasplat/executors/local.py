@@ -175,11 +175,14 @@ class SimulatedExecutor(LocalExecutor):
         if event.metrics is not None:
             try:
                 cost = float(event.metrics[self.cost_key])
-            except (KeyError, TypeError, ValueError):
-                event = StepEvent(trial_id, None, f"the simulated executor needs a numeric {self.cost_key!r} metric "
-                                  f"(simulated seconds of the step), got metrics {event.metrics!r}",
+                if not cost > 0 or cost == float("inf"):
+                    raise ValueError
+            except (KeyError, TypeError, ValueError, OverflowError):
+                event = StepEvent(trial_id, None, f"the simulated executor needs a finite {self.cost_key!r} metric > 0 "
+                                  f"(simulated seconds of the step), got {event.metrics.get(self.cost_key)!r}",
                                   event.start, event.end, saved=event.saved)
-        self._push(max(cost, 0.0), StepEvent(trial_id, event.metrics, event.error, self.clock, 0.0, event.node,
+                cost = 0.0
+        self._push(cost, StepEvent(trial_id, event.metrics, event.error, self.clock, 0.0, event.node,
                                              event.pid, event.saved))
 
     def _report_saves(self, trial_id: int) -> None:

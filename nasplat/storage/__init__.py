@@ -19,13 +19,13 @@ their first byte, so an upload never repeats earlier bytes); `Storage.download` 
 
 from nasplat.storage.files import (
     APPEND_ONLY, CHECKPOINTS, JOURNAL_FILE, LOCK_FILE, META_FILE, ROWS_FILE, SPEC_JSON, SPEC_PICKLE, WHOLE_FILES,
-    FolderLock, RowLog, fsync_dir, is_uri, json_default, local_copy, read_json, read_rows, scratch_folder, write_atomic,
+    FolderInUse, FolderLock, RowLog, fsync_dir, is_uri, json_default, local_copy, read_json, read_rows, scratch_folder, write_atomic,
 )
 from nasplat.storage.folder import ExperimentFolder
 from nasplat.storage.remote import Storage
 
 __all__ = [
     "APPEND_ONLY", "CHECKPOINTS", "JOURNAL_FILE", "LOCK_FILE", "META_FILE", "ROWS_FILE", "SPEC_JSON", "SPEC_PICKLE",
-    "WHOLE_FILES", "ExperimentFolder", "FolderLock", "RowLog", "Storage", "fsync_dir", "is_uri", "json_default",
+    "WHOLE_FILES", "ExperimentFolder", "FolderInUse", "FolderLock", "RowLog", "Storage", "fsync_dir", "is_uri", "json_default",
     "local_copy", "read_json", "read_rows", "scratch_folder", "write_atomic",
 ]

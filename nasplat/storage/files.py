@@ -49,6 +49,10 @@ def fsync_dir(folder: str | Path) -> None:
         os.close(fd)
 
 
+class FolderInUse(RuntimeError):
+    """Another live driver holds the experiment folder."""
+
+
 class FolderLock:
     """An exclusive `flock` on `<folder>/lock` naming its holder (host and pid). The kernel drops it when the holder
     dies, so a stale lock left by a killed driver is taken over by the next one."""
@@ -65,7 +69,7 @@ class FolderLock:
             file.seek(0)
             holder = file.read().strip() or "unknown"
             file.close()
-            raise RuntimeError(f"{self.path.parent} is in use by another nasplat driver ({holder}); wait for it to "
+            raise FolderInUse(f"{self.path.parent} is in use by another nasplat driver ({holder}); wait for it to "
                                "end or stop it, then `nasplat resume` this folder") from None
         file.seek(0)
         file.truncate()

@@ -57,7 +57,7 @@ class ExperimentFolder:
                 write_atomic(self.path / name, payload)
             for name in (ROWS_FILE, JOURNAL_FILE):
                 write_atomic(self.path / name, b"")
-            self._open_logs()
+            self.open_logs()
             self.sync(force=True)
         except BaseException:
             self.close()
@@ -90,9 +90,10 @@ class ExperimentFolder:
             write_atomic(self.path / name, text.encode("utf-8"))
             if self.remote is not None:
                 self.uploaded[name] = self.remote.replace_parts(self.path, name)
-        self._open_logs()
+        self.open_logs()
 
-    def _open_logs(self) -> None:
+    def open_logs(self) -> None:
+        """Open rows and journal for appending."""
         self.rows, self.journal = RowLog(self.path / ROWS_FILE), RowLog(self.path / JOURNAL_FILE)
 
     def append_row(self, row: dict[str, Any]) -> None:
