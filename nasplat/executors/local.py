@@ -49,7 +49,7 @@ class LocalExecutor(Executor):
     def close(self) -> None:
         if self.writer is not None:
             self.writer.close()
-        self.hosts, self.snapshots, self.kept = {}, {}, {}
+        self.hosts, self.snapshots = {}, {}
 
     def launch(self, trial_id: int, config: Config, seed: int, state: Any = None, inherit: bool = False) -> None:
         host = self.hosts[trial_id] = TrialHost(self.trainer_cls, self.writer)

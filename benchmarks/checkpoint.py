@@ -1,0 +1,162 @@
+"""Checkpoint cost: step time with a checkpoint after every step against none, nasplat against Ray Tune.
+
+The ~10.5 M-parameter MLP of pbt_exploit.py (with SGD momentum: ~84 MB of state), `--inner` SGD iterations per
+step, calibrated to about one second. One trial at a time on a Ray actor with one CPU, in one run:
+- nasplat: the `ray` executor with checkpoint storage; `step(save=k)` copies the state on the worker and its writer
+  thread serialises and writes it (`checkpoints/trial-<id>/step-<k>/`) while the next step runs;
+- Ray Tune: the trainable `torch.save`s its state into a temporary folder and calls
+  `tune.report(metrics, checkpoint=Checkpoint.from_directory(folder))` every step, into Tune's default storage
+  (~/ray_results); the comparison run calls `tune.report(metrics)`.
+Step time = worker-clock time between the starts of consecutive steps (everything between two steps counts), the
+median over `--steps` steps after the first two. Overhead = (with checkpoints - without) / without.
+
+    python benchmarks/checkpoint.py [--steps 12]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from typing import Any
+
+import ray
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from pbt_exploit import make_model, train_step  # noqa: E402
+
+from nasplat import Trainer  # noqa: E402
+from nasplat.executors.ray_executor import RayExecutor  # noqa: E402
+from nasplat.storage import Storage  # noqa: E402
+
+WARMUP = 2  # step intervals left out: the first steps page memory in
+
+
+class TimedMLP(Trainer):
+    """`inner` SGD iterations per step; reports when the step began (worker clock)."""
+
+    def setup(self, config: dict[str, Any], ctx: Any) -> None:
+        torch.set_num_threads(1)
+        torch.manual_seed(ctx.seed)
+        self.model, self.inner, self.t = make_model(), config["inner"], 0
+        self.opt = torch.optim.SGD(self.model.parameters(), lr=1e-3, momentum=0.9)
+
+    def step(self) -> dict[str, Any]:
+        began = time.time()
+        for _ in range(self.inner):
+            self.t += 1
+            loss = train_step(self.model, self.opt, self.t)
+        return {"neg_loss": -loss, "began": began}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"model": self.model.state_dict(), "opt": self.opt.state_dict(), "t": self.t}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.model.load_state_dict(state["model"])
+        self.opt.load_state_dict(state["opt"])
+        self.t = state["t"]
+
+
+def calibrate(target_s: float = 1.0) -> int:
+    """SGD iterations that take about `target_s` on one thread here."""
+    torch.set_num_threads(1)
+    model = make_model()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
+    train_step(model, opt, 0)
+    began = time.perf_counter()
+    for seed in range(5):
+        train_step(model, opt, seed)
+    return max(1, round(target_s / ((time.perf_counter() - began) / 5)))
+
+
+def median_step(began: list[float]) -> float:
+    intervals = [b - a for a, b in zip(began, began[1:])][WARMUP:]
+    return statistics.median(intervals)
+
+
+def nasplat_steps(steps: int, inner: int, save: bool, folder: str) -> tuple[float, int]:
+    """Median step time of one trial on the ray executor (saving after every step or not); checkpoints written."""
+    executor = RayExecutor(concurrency=1, cpus_per_trial=1)
+    executor.open(TimedMLP, f"checkpoint-bench-{uuid.uuid4().hex[:6]}", Storage(folder))
+    executor.launch(0, {"inner": inner}, seed=0)
+    began, written, done = [], 0, 0
+    while done < steps or written < (steps if save else 0):
+        for event in executor.wait():
+            written += sum(c.uri is not None for c in event.saved)
+            if event.metrics is None:
+                continue
+            assert event.error is None, event.error
+            began.append(event.metrics["began"])
+            done += 1
+            if done < steps:
+                executor.step(0, save=done if save else None)
+            else:
+                executor.stop(0, save=done if save else None)
+    executor.close()
+    return median_step(began), written
+
+
+def tune_steps(steps: int, inner: int) -> dict[bool, float]:
+    """Median step time of one Tune trial reporting with a checkpoint every step, and of one reporting without."""
+    from ray import tune
+
+    def trainable(config: dict[str, Any]) -> None:
+        trainer = TimedMLP()
+        trainer.setup({"inner": config["inner"]}, type("Ctx", (), {"seed": 0})())
+        for _ in range(config["steps"]):
+            metrics = trainer.step()
+            if config["save"]:
+                with tempfile.TemporaryDirectory() as folder:
+                    torch.save(trainer.state_dict(), os.path.join(folder, "state.pt"))
+                    tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(folder))
+            else:
+                tune.report(metrics)
+
+    name = f"nasplat-checkpoint-bench-{uuid.uuid4().hex[:6]}"
+    tuner = tune.Tuner(tune.with_resources(trainable, {"cpu": 1}),
+                       param_space={"inner": inner, "steps": steps, "save": tune.grid_search([False, True])},
+                       tune_config=tune.TuneConfig(max_concurrent_trials=1),
+                       run_config=tune.RunConfig(name=name, verbose=0))
+    results = tuner.fit()
+    out = {}
+    for result in results:
+        assert result.error is None, result.error
+        out[result.config["save"]] = median_step(list(result.metrics_dataframe["began"]))
+    shutil.rmtree(os.path.join(os.path.expanduser("~"), "ray_results", name), ignore_errors=True)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=12)
+    args = parser.parse_args()
+    if args.steps < WARMUP + 3:
+        raise SystemExit(f"--steps must be >= {WARMUP + 3}, got {args.steps}")
+    inner = calibrate()
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    with tempfile.TemporaryDirectory() as folder:
+        plain, _ = nasplat_steps(args.steps, inner, False, folder)
+        saving, written = nasplat_steps(args.steps, inner, True, folder)
+        state_mb = sum(os.path.getsize(os.path.join(root, f)) for root, _, files in os.walk(folder)
+                       for f in files) / written / 1e6
+    tune_times = tune_steps(args.steps, inner)
+    ray.shutdown()
+    ours = 100 * (saving - plain) / plain
+    theirs = 100 * (tune_times[True] - tune_times[False]) / tune_times[False]
+    print(f"{inner} SGD iterations per step; {written} checkpoints of {state_mb:.0f} MB written by nasplat")
+    print(f"nasplat: {plain:.3f} s per step without checkpoints, {saving:.3f} s with one every step: {ours:+.1f}%")
+    print(f"Ray Tune: {tune_times[False]:.3f} s per step without, {tune_times[True]:.3f} s with: {theirs:+.1f}%")
+    ratio = theirs / ours if ours > 0 else float("inf")
+    print(json.dumps({"nasplat_overhead_pct": round(ours, 1), "tune_overhead_pct": round(theirs, 1),
+                      "ratio": round(ratio, 1) if ratio != float("inf") else "inf"}))
+
+
+if __name__ == "__main__":
+    main()
