@@ -89,10 +89,12 @@ def nasplat_steps(steps: int, inner: int, save: bool, folder: str) -> tuple[floa
     began, written, done = [], 0, 0
     while done < steps or written < (steps if save else 0):
         for event in executor.wait():
-            written += sum(c.uri is not None for c in event.saved)
+            for checkpoint in event.saved:
+                assert checkpoint.uri is not None, checkpoint.error
+                written += 1
+            assert event.error is None, event.error
             if event.metrics is None:
                 continue
-            assert event.error is None, event.error
             began.append(event.metrics["began"])
             done += 1
             if done < steps:
@@ -140,7 +142,10 @@ def main() -> None:
     if args.steps < WARMUP + 3:
         raise SystemExit(f"--steps must be >= {WARMUP + 3}, got {args.steps}")
     inner = calibrate()
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    here = os.path.dirname(os.path.abspath(__file__))  # the workers import pbt_exploit from here
+    path = os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH")) if p)
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+             runtime_env={"env_vars": {"PYTHONPATH": path}})
     with tempfile.TemporaryDirectory() as folder:
         plain, _ = nasplat_steps(args.steps, inner, False, folder)
         saving, written = nasplat_steps(args.steps, inner, True, folder)

@@ -1,4 +1,4 @@
-"""The `nasplat` command: run, resume, status, report and serve experiments."""
+"""The `nasplat` command: run, resume, status, report, export and serve experiments."""
 
 from __future__ import annotations
 
@@ -63,6 +63,30 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    """Write a trial's trained state with its config, step and metrics into one file plain `torch.load` reads."""
+    import torch
+
+    result = ExperimentResult.load(args.folder)
+    try:
+        checkpoint = result.find_checkpoint(args.trial, args.step)
+    except LookupError as exc:
+        raise ValueError(str(exc)) from None
+    row = next((r for r in result.rows if r["trial_id"] == checkpoint.trial_id and r["step"] == checkpoint.step
+                and r.get("status") not in ("failed", "retried")), {})
+    from nasplat.checkpoint import load_checkpoint
+    from nasplat.results import RESERVED
+
+    exported = {"config": row.get("config"), "state_dict": load_checkpoint(checkpoint.uri),
+                "trial_id": checkpoint.trial_id, "step": checkpoint.step,
+                "metrics": {k: v for k, v in row.items() if k not in RESERVED}}
+    output = Path(args.output or f"trial-{checkpoint.trial_id}-step-{checkpoint.step}.pt")
+    torch.save(exported, output)
+    print(f"exported trial {checkpoint.trial_id} at step {checkpoint.step} ({result.metric}="
+          f"{row.get(result.metric)}) to {output}")
+    return 0
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     from nasplat.serve import serve
 
@@ -97,6 +121,14 @@ def parser() -> argparse.ArgumentParser:
     report = sub.add_parser("report", help="write a self-contained HTML report into the experiment folder")
     report.add_argument("folder")
     report.set_defaults(func=cmd_report)
+    export = sub.add_parser("export", help="write a trial's trained weights and config into one file")
+    export.add_argument("folder")
+    export.add_argument("--trial", type=int, help="the trial to export (default: the best)")
+    export.add_argument("--step", type=int, help="its latest checkpoint at or before this step (default: latest)")
+    export.add_argument("-o", "--output", help="the file to write (default: trial-<id>-step-<k>.pt here)")
+    export.add_argument("--format", choices=["pt"], default="pt",
+                        help="pt: {config, state_dict, trial_id, step, metrics} for torch.load")
+    export.set_defaults(func=cmd_export)
     serve = sub.add_parser("serve", help="serve the report live while the experiment runs")
     serve.add_argument("folder")
     serve.add_argument("--port", type=int, default=8265 + 100)

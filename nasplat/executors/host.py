@@ -26,6 +26,7 @@ class TrialHost:
         self.trainer_cls, self.writer = trainer_cls, writer
         self.trainer: Trainer | None = None
         self.trial_id = -1
+        self.spare: list[Any] = []  # copies the writer is done with: the next save copies into one
 
     @classmethod
     def for_storage(cls, trainer_cls: type, checkpoints: str | None, *, background: bool = True) -> TrialHost:
@@ -83,12 +84,18 @@ class TrialHost:
         """Checkpoint the trainer's current state as its step `step`: copy it now, write it in the background."""
         if self.writer is None:
             raise RuntimeError("this executor was opened without checkpoint storage; a save needs one")
+        assert self.trainer is not None, "no trial is hosted"
         try:
-            state = self.copy()
+            state = copy_state(self.trainer.state_dict(), into=self.spare.pop() if self.spare else None)
         except Exception as exc:  # e.g. a trainer without state_dict: the save fails, the trial goes on
             self.writer.fail(self.trial_id, step, f"{type(exc).__name__}: {exc}")
             return
-        self.writer.submit(self.trial_id, step, state, self.config)
+        self.writer.submit(self.trial_id, step, state, self.config, release=self._release)
+
+    def _release(self, state: Any) -> None:
+        """The writer is done with a copy: keep one for the next save (list.append is atomic across threads)."""
+        if not self.spare:
+            self.spare.append(state)
 
     def saved(self, *, wait: bool = False) -> list[Checkpoint]:
         """The checkpoints of the hosted trial written (or failed) since the last call; with `wait`, first wait

@@ -26,6 +26,7 @@ class _Slot:
     pid: int = 0
     healthy: bool = True
     snapshot: ray.ObjectRef | None = None  # the running trial's latest state snapshot
+    finishing: int = 0  # calls in flight that report an ended trial's saves (an idle gang still busy writing)
 
 
 @dataclass
@@ -161,6 +162,7 @@ class RayExecutor(Executor):
 
     def _finish(self, trial_id: int, slot: _Slot, save: int | None) -> None:
         refs = slot.gang.finish(save)
+        slot.finishing += 1
         self.inflight[refs[0]] = _Call(trial_id, refs, self.now(), slot, saves_only=True)
 
     def _request(self, trial_id: int, save: int | None) -> None:
@@ -197,8 +199,9 @@ class RayExecutor(Executor):
         ready, _ = ray.wait(pending, num_returns=1, timeout=self.idle_release_s if self.idle else None)
         if not ready:  # idle gangs may hold the CPUs a waiting gang needs (a retry after a lost node, oversubscription)
             for slot in self.idle:
-                slot.gang.kill()
-            self.idle = []
+                if not slot.finishing:  # one still writing an ended trial's checkpoints goes back later
+                    slot.gang.kill()
+            self.idle = [slot for slot in self.idle if slot.finishing]
             ready, _ = ray.wait(pending, num_returns=1)
         more, _ = ray.wait(pending, num_returns=len(pending), timeout=0)
         events = [self._collect(ref) for ref in dict.fromkeys(ready + more)]
@@ -209,6 +212,7 @@ class RayExecutor(Executor):
     def _collect(self, ref: ray.ObjectRef) -> StepEvent:
         call = self.inflight.pop(ref)
         slot = call.slot
+        slot.finishing -= call.saves_only
         metrics, error, saved = None, None, []
         try:
             value = ray.get(call.refs)[0]
