@@ -159,7 +159,7 @@ def main() -> None:
     print(f"nasplat: {plain:.3f} s per step without checkpoints, {saving:.3f} s with one every step: {ours:+.1f}%")
     print(f"Ray Tune: {tune_times[False]:.3f} s per step without, {tune_times[True]:.3f} s with: {theirs:+.1f}%")
     ratio = theirs / ours if ours > 0 else float("inf")
-    print(json.dumps({"nasplat_overhead_pct": round(ours, 1), "tune_overhead_pct": round(theirs, 1),
+    print(json.dumps({"nasplat_overhead_pct": round(ours, 2), "tune_overhead_pct": round(theirs, 1),
                       "ratio": round(ratio, 1) if ratio != float("inf") else "inf"}))
 
 
