@@ -69,11 +69,12 @@ def calibrate(target_s: float = 1.0) -> int:
     torch.set_num_threads(1)
     model = make_model()
     opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
-    train_step(model, opt, 0)
-    began = time.perf_counter()
-    for seed in range(5):
+    times = []
+    for seed in range(8):
+        began = time.perf_counter()
         train_step(model, opt, seed)
-    return max(1, round(target_s / ((time.perf_counter() - began) / 5)))
+        times.append(time.perf_counter() - began)
+    return max(1, round(target_s / statistics.median(times[2:])))
 
 
 def median_step(began: list[float]) -> float:

@@ -226,3 +226,18 @@ def test_a_failing_step_is_an_error_event_and_the_executor_goes_on(make):
     while [c.step for c in saved(events)] != [1]:  # the save before the failure is still reported, once
         events.extend(executor.wait())
     assert saved(events)[0].uri is not None
+
+
+def test_a_failed_write_is_reported_once_and_the_trial_goes_on(make, tmp_path):
+    executor, events = make(), []
+    (tmp_path / "checkpoints").mkdir(exist_ok=True)
+    (tmp_path / "checkpoints" / "trial-0").write_text("a file where the trial's folder should go")
+    executor.launch(0, {"lr": 0.05}, seed=0)
+    next_step(executor, 0, events)
+    executor.step(0, save=1)
+    assert next_step(executor, 0, events).metrics["t"] == 2
+    executor.stop(0)
+    while not saved(events):
+        events.extend(executor.wait())
+    [failed] = saved(events)
+    assert (failed.trial_id, failed.step, failed.uri) == (0, 1, None) and "trial-0" in failed.error

@@ -5,8 +5,9 @@ A server is an async Ray actor: a push is applied at once and answered with the 
 `max_staleness` set, the answer to a worker that leads the slowest working rank by more than that many pushes
 waits until the slowest catches up (stale synchronous parallel; a rank between trainer steps does not hold others
 back). Every `snapshot_every` updates, and whenever a trial (re)initialises it, the server writes a snapshot into
-its folder (in the experiment's checkpoint storage, or a scratch folder on its node); Ray restarts a dead server with the same arguments and `__init__` resumes from that snapshot, so the
-workers retry their push and the trial goes on (losing at most the updates since the snapshot).
+its folder (in the experiment's checkpoint storage, or a scratch folder on its node); Ray restarts a dead server
+with the same arguments and `__init__` resumes from that snapshot, so the workers retry their push and the trial
+goes on (losing at most the updates since the snapshot).
 """
 
 from __future__ import annotations
