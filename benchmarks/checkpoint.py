@@ -8,9 +8,11 @@ step, calibrated to about one second. One trial at a time on a Ray actor with on
   `tune.report(metrics, checkpoint=Checkpoint.from_directory(folder))` every step, into Tune's default storage
   (~/ray_results); the comparison run calls `tune.report(metrics)`.
 Step time = worker-clock time between the starts of consecutive steps (everything between two steps counts), the
-median over `--steps` steps after the first two. Overhead = (with checkpoints - without) / without.
+median over `--rounds` trials of `--steps` steps (the first two intervals of each left out), run in the order
+nasplat, Tune, nasplat, each alternating without and with checkpoints, since the load on the machine drifts.
+Overhead = (with checkpoints - without) / without.
 
-    python benchmarks/checkpoint.py [--steps 12]
+    python benchmarks/checkpoint.py [--steps 8] [--rounds 2]
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import sys
 import tempfile
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 import ray
@@ -77,13 +80,13 @@ def calibrate(target_s: float = 1.0) -> int:
     return max(1, round(target_s / statistics.median(times[2:])))
 
 
-def median_step(began: list[float]) -> float:
-    intervals = [b - a for a, b in zip(began, began[1:])][WARMUP:]
-    return statistics.median(intervals)
+def intervals(began: list[float]) -> list[float]:
+    """Times between the starts of consecutive steps, the first `WARMUP` left out."""
+    return [b - a for a, b in zip(began, began[1:])][WARMUP:]
 
 
-def nasplat_steps(steps: int, inner: int, save: bool, folder: str) -> tuple[float, int]:
-    """Median step time of one trial on the ray executor (saving after every step or not); checkpoints written."""
+def nasplat_steps(steps: int, inner: int, save: bool, folder: str) -> tuple[list[float], int]:
+    """Step times of one trial on the ray executor (saving after every step or not); checkpoints written."""
     executor = RayExecutor(concurrency=1, cpus_per_trial=1)
     executor.open(TimedMLP, f"checkpoint-bench-{uuid.uuid4().hex[:6]}", Storage(folder))
     executor.launch(0, {"inner": inner}, seed=0)
@@ -103,11 +106,11 @@ def nasplat_steps(steps: int, inner: int, save: bool, folder: str) -> tuple[floa
             else:
                 executor.stop(0, save=done if save else None)
     executor.close()
-    return median_step(began), written
+    return intervals(began), written
 
 
-def tune_steps(steps: int, inner: int) -> dict[bool, float]:
-    """Median step time of one Tune trial reporting with a checkpoint every step, and of one reporting without."""
+def tune_steps(steps: int, inner: int, rounds: int) -> dict[bool, list[float]]:
+    """Step times of Tune trials reporting with a checkpoint every step and without, alternating, `rounds` each."""
     from ray import tune
 
     def trainable(config: dict[str, Any]) -> None:
@@ -124,21 +127,23 @@ def tune_steps(steps: int, inner: int) -> dict[bool, float]:
 
     name = f"nasplat-checkpoint-bench-{uuid.uuid4().hex[:6]}"
     tuner = tune.Tuner(tune.with_resources(trainable, {"cpu": 1}),
-                       param_space={"inner": inner, "steps": steps, "save": tune.grid_search([False, True])},
+                       param_space={"inner": inner, "steps": steps,
+                                    "save": tune.grid_search([False, True] * rounds)},
                        tune_config=tune.TuneConfig(max_concurrent_trials=1),
                        run_config=tune.RunConfig(name=name, verbose=0))
     results = tuner.fit()
-    out = {}
+    out: dict[bool, list[float]] = {False: [], True: []}
     for result in results:
         assert result.error is None, result.error
-        out[result.config["save"]] = median_step(list(result.metrics_dataframe["began"]))
+        out[result.config["save"]] += intervals(list(result.metrics_dataframe["began"]))
     shutil.rmtree(os.path.join(os.path.expanduser("~"), "ray_results", name), ignore_errors=True)
     return out
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--steps", type=int, default=8, help="steps per trial")
+    parser.add_argument("--rounds", type=int, default=2, help="trials per case and system")
     args = parser.parse_args()
     if args.steps < WARMUP + 3:
         raise SystemExit(f"--steps must be >= {WARMUP + 3}, got {args.steps}")
@@ -147,20 +152,30 @@ def main() -> None:
     path = os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH")) if p)
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
              runtime_env={"env_vars": {"PYTHONPATH": path}})
-    with tempfile.TemporaryDirectory() as folder:
-        plain, _ = nasplat_steps(args.steps, inner, False, folder)
-        saving, written = nasplat_steps(args.steps, inner, True, folder)
-        state_mb = sum(os.path.getsize(os.path.join(root, f)) for root, _, files in os.walk(folder)
-                       for f in files) / written / 1e6
-    tune_times = tune_steps(args.steps, inner)
+    ours: dict[bool, list[float]] = {False: [], True: []}
+    written = 0
+    with tempfile.TemporaryDirectory(dir=os.path.expanduser("~")) as folder:  # the same disk as Tune's storage
+        for part in range(2):  # nasplat, Tune, nasplat: the load on the machine drifts
+            for _ in range(args.rounds // 2 if part == 0 else args.rounds - args.rounds // 2):
+                for save in (False, True):
+                    times, count = nasplat_steps(args.steps, inner, save, folder)
+                    ours[save] += times
+                    written += count
+            if part == 0:
+                theirs = tune_steps(args.steps, inner, args.rounds)
+        state_mb = (Path(folder) / "trial-0" / "step-1" / "state.pt").stat().st_size / 1e6
     ray.shutdown()
-    ours = 100 * (saving - plain) / plain
-    theirs = 100 * (tune_times[True] - tune_times[False]) / tune_times[False]
-    print(f"{inner} SGD iterations per step; {written} checkpoints of {state_mb:.0f} MB written by nasplat")
-    print(f"nasplat: {plain:.3f} s per step without checkpoints, {saving:.3f} s with one every step: {ours:+.1f}%")
-    print(f"Ray Tune: {tune_times[False]:.3f} s per step without, {tune_times[True]:.3f} s with: {theirs:+.1f}%")
-    ratio = theirs / ours if ours > 0 else float("inf")
-    print(json.dumps({"nasplat_overhead_pct": round(ours, 2), "tune_overhead_pct": round(theirs, 1),
+    plain, saving = statistics.median(ours[False]), statistics.median(ours[True])
+    tune_plain, tune_saving = statistics.median(theirs[False]), statistics.median(theirs[True])
+    ours_pct = 100 * (saving - plain) / plain
+    theirs_pct = 100 * (tune_saving - tune_plain) / tune_plain
+    print(f"{inner} SGD iterations per step; {written} checkpoints of {state_mb:.0f} MB written by nasplat; "
+          f"medians over {len(ours[True])} steps per case")
+    print(f"nasplat: {plain:.3f} s per step without checkpoints, {saving:.3f} s with one every step: "
+          f"{ours_pct:+.1f}%")
+    print(f"Ray Tune: {tune_plain:.3f} s per step without, {tune_saving:.3f} s with: {theirs_pct:+.1f}%")
+    ratio = theirs_pct / ours_pct if ours_pct > 0 else float("inf")
+    print(json.dumps({"nasplat_overhead_pct": round(ours_pct, 2), "tune_overhead_pct": round(theirs_pct, 1),
                       "ratio": round(ratio, 1) if ratio != float("inf") else "inf"}))
 
 

@@ -74,6 +74,7 @@ class CheckpointPolicy:
 
 # -- checkpoint files ---------------------------------------------------------------------------------------------
 STATE_FILE, MANIFEST_FILE = "state.pt", "manifest.json"
+WRITER_NICE = 10  # the writer thread's niceness, relative to nothing: it only ever lowers its priority
 
 
 def checkpoint_name(trial_id: int, step: int) -> str:
@@ -202,6 +203,10 @@ class CheckpointWriter:
 
     def _run(self) -> None:
         assert self.queue is not None
+        try:  # background work: where CPUs are short, the training thread goes first (Linux: a thread's own nice)
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), WRITER_NICE)
+        except (AttributeError, OSError):
+            pass
         while (job := self.queue.get()) is not None:
             self._write(*job)
 

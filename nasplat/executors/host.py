@@ -93,8 +93,8 @@ class TrialHost:
         self.writer.submit(self.trial_id, step, state, self.config, release=self._release)
 
     def _release(self, state: Any) -> None:
-        """The writer is done with a copy: keep one for the next save (list.append is atomic across threads)."""
-        if not self.spare:
+        """The writer is done with a copy: keep two for the next saves (list.append is atomic across threads)."""
+        if len(self.spare) < 2:
             self.spare.append(state)
 
     def saved(self, *, wait: bool = False) -> list[Checkpoint]:
