@@ -11,11 +11,11 @@ import copy
 import io
 import json
 import os
-import queue
 import sys
 import threading
 import time
 import uuid
+from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -170,17 +170,18 @@ def list_checkpoints(storage: Storage, trial_id: int) -> list[Checkpoint]:
 
 class CheckpointWriter:
     """Writes checkpoints to `storage` off the training path: `submit` queues a copied state, a thread serialises
-    and writes it, `collect` returns the finished writes (durable or failed), each once. Without `background` the
-    write happens inside `submit` (an in-process simulation needs no thread)."""
+    and writes it, `collect` returns the finished writes (durable or failed), each once. Where writes fall behind
+    the steps, `supersede` takes back a trial's queued write for its newer state (the latest wins, memory stays
+    bounded, the training never waits). Without `background` the write happens inside `submit`."""
 
     def __init__(self, storage: Storage, *, background: bool = True) -> None:
         self.storage = storage
         self.done: list[Checkpoint] = []
-        self.pending = 0
+        self.jobs: deque[tuple[Any, ...]] = deque()  # queued, not started: (trial, step, state, config, release)
+        self.writing, self.closed = 0, False
         self.condition = threading.Condition()
-        self.queue: queue.SimpleQueue[tuple[Any, ...] | None] | None = None
+        self.thread: threading.Thread | None = None
         if background:
-            self.queue = queue.SimpleQueue()
             self.thread = threading.Thread(target=self._run, name="nasplat-checkpoint-writer", daemon=True)
             self.thread.start()
 
@@ -189,11 +190,26 @@ class CheckpointWriter:
         """Write `state` (already a copy the caller no longer touches) as trial `trial_id`'s checkpoint of `step`;
         then hand `state` to `release` (its memory may be reused)."""
         with self.condition:
-            self.pending += 1
-        if self.queue is None:
+            if self.thread is None:
+                self.writing += 1
+            else:
+                self.jobs.append((trial_id, step, state, config, release))
+                self.condition.notify_all()
+        if self.thread is None:
             self._write(trial_id, step, state, config, release)
-        else:
-            self.queue.put((trial_id, step, state, config, release))
+
+    def supersede(self, trial_id: int) -> Any:
+        """Take back trial `trial_id`'s queued write, not yet started (reported failed: a newer checkpoint of the
+        trial replaces it); returns its state, whose memory the newer copy may reuse, or None if there is none."""
+        with self.condition:
+            for job in self.jobs:
+                if job[0] == trial_id:
+                    self.jobs.remove(job)
+                    self.done.append(Checkpoint(trial_id, job[1], None, "superseded: the trial's next checkpoint "
+                                                "came before this one could be written"))
+                    self.condition.notify_all()
+                    return job[2]
+        return None
 
     def fail(self, trial_id: int, step: int, error: str) -> None:
         """Report the save of trial `trial_id`'s step `step` as failed with `error` (its state could not be had)."""
@@ -202,12 +218,17 @@ class CheckpointWriter:
             self.condition.notify_all()
 
     def _run(self) -> None:
-        assert self.queue is not None
         try:  # background work: where CPUs are short, the training thread goes first (Linux: a thread's own nice)
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), WRITER_NICE)
         except (AttributeError, OSError):
             pass
-        while (job := self.queue.get()) is not None:
+        while True:
+            with self.condition:
+                self.condition.wait_for(lambda: self.jobs or self.closed)
+                if not self.jobs:
+                    return
+                job = self.jobs.popleft()
+                self.writing += 1
             self._write(*job)
 
     def _write(self, trial_id: int, step: int, state: Any, config: Any,
@@ -220,22 +241,24 @@ class CheckpointWriter:
             release(state)
         with self.condition:
             self.done.append(result)
-            self.pending -= 1
+            self.writing -= 1
             self.condition.notify_all()
 
     def collect(self, trial_id: int | None = None, *, wait: bool = False) -> list[Checkpoint]:
         """The finished writes (of `trial_id` only, if given) not yet collected; with `wait`, first wait until no
-        write is pending."""
+        write is queued or going on."""
         with self.condition:
             if wait:
-                self.condition.wait_for(lambda: self.pending == 0)
+                self.condition.wait_for(lambda: not self.jobs and self.writing == 0)
             taken = [c for c in self.done if trial_id is None or c.trial_id == trial_id]
             self.done = [c for c in self.done if not (trial_id is None or c.trial_id == trial_id)]
         return taken
 
     def close(self) -> None:
         """Finish the queued writes and end the thread."""
-        if self.queue is not None:
-            self.queue.put(None)
+        if self.thread is not None:
+            with self.condition:
+                self.closed = True
+                self.condition.notify_all()
             self.thread.join()
-            self.queue = None
+            self.thread = None

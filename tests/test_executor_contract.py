@@ -159,10 +159,12 @@ def test_saves_are_durable_complete_and_reported_once(make, tmp_path):
     executor.stop(0, save=4)  # the final state, written after the last step: reported with no step in flight
     while sorted(c.step for c in saved(events)) != [1, 3, 4]:
         events.extend(executor.wait())
-    checkpoints = saved(events)
-    assert all(c.trial_id == 0 and c.error is None and c.uri is not None for c in checkpoints)
+    checkpoints = [c for c in saved(events) if c.uri is not None]
+    # where writes fall behind (a loaded machine), a queued one gives way to the trial's next: never the last one
+    assert all(c.error.startswith("superseded") for c in saved(events) if c.uri is None)
+    assert all(c.trial_id == 0 and c.error is None for c in checkpoints) and checkpoints[-1].step == 4
     storage = Storage(tmp_path / "checkpoints")
-    assert [c.step for c in list_checkpoints(storage, 0)] == [1, 3, 4]
+    assert [c.step for c in list_checkpoints(storage, 0)] == sorted(c.step for c in checkpoints)
     for checkpoint in checkpoints:
         assert Storage(checkpoint.uri).exists(MANIFEST_FILE)
         assert read_manifest(checkpoint.uri)["config"] == {"lr": 0.05}

@@ -81,12 +81,16 @@ class TrialHost:
         return copy_state(self.trainer.state_dict())
 
     def save(self, step: int) -> None:
-        """Checkpoint the trainer's current state as its step `step`: copy it now, write it in the background."""
+        """Checkpoint the trainer's current state as its step `step`: copy it now (into the memory of an earlier
+        copy where one is free), write it in the background."""
         if self.writer is None:
             raise RuntimeError("this executor was opened without checkpoint storage; a save needs one")
         assert self.trainer is not None, "no trial is hosted"
         try:
-            state = copy_state(self.trainer.state_dict(), into=self.spare.pop() if self.spare else None)
+            reuse = self.writer.supersede(self.trial_id)  # writes fell behind: the newer state replaces a queued one
+            if reuse is None and self.spare:
+                reuse = self.spare.pop()
+            state = copy_state(self.trainer.state_dict(), into=reuse)
         except Exception as exc:  # e.g. a trainer without state_dict: the save fails, the trial goes on
             self.writer.fail(self.trial_id, step, f"{type(exc).__name__}: {exc}")
             return
