@@ -121,7 +121,8 @@ def test_s3_run_killed_then_resumed_from_an_empty_machine_keeps_every_row_once(s
     pairs = [(r["trial_id"], r["step"]) for r in rows]
     assert len(pairs) == len(set(pairs)) == 30  # 6 trials x 5 steps, none twice, none lost
     assert {_key(r) for r in before} <= {_key(r) for r in rows}  # the rows recorded before the kill, unchanged
-    bad = [(r["trial_id"], r["step"], r["status"], (r.get("error") or "")[-400:]) for r in rows if r.get("t") != r["step"]]
+    bad = [(r["trial_id"], r["step"], r["status"], (r.get("error") or "")[-400:]) for r in rows
+           if r.get("t") != r["step"]]
     assert not bad, bad  # every trial went on from its checkpoint, none from scratch
     assert all(r["checkpoint"] == f"{uri}/checkpoints/trial-{r['trial_id']}/step-{r['step']}"
                for r in rows if r.get("checkpoint") or r["step"] == 5)  # where recorded, and at every trial's end
