@@ -6,8 +6,9 @@ from nasplat.controllers import (
     Continue, Controller, Exploit, OptunaSampler, PopulationBasedTraining, RandomSearch, RegularizedEvolution,
     Reinforce, Result, Stop, TrialSpec,
 )
+from nasplat.integrations.optuna_export import to_optuna
 from nasplat.interop import space_from_optuna, space_from_tune
-from nasplat.engine import ExperimentFailed
+from nasplat.trials import ExperimentFailed
 from nasplat.results import ExperimentResult
 from nasplat.space import Choice, Float, Int, Space
 from nasplat.trainer import Trainer, WorkerContext
@@ -18,4 +19,5 @@ __all__ = [
     "CheckpointPolicy", "Choice", "Continue", "Controller", "ExperimentFailed", "ExperimentResult", "Exploit", "Float", "Int", "OptunaSampler",
     "PopulationBasedTraining", "RandomSearch", "RegularizedEvolution", "Reinforce", "Result", "Space", "Stop",
     "Trainer", "TrialSpec", "WorkerContext", "resume", "run", "space_from_optuna", "space_from_tune",
+    "to_optuna",
 ]

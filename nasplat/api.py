@@ -9,13 +9,14 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import cloudpickle
 
 from nasplat.checkpoint import CheckpointPolicy
 from nasplat.controllers import CONTROLLERS, Controller
-from nasplat.engine import Budget, Engine
+from nasplat.engine import Engine
+from nasplat.trials import Budget
 from nasplat.executors.base import Executor
 from nasplat.executors.local import LocalExecutor, SimulatedExecutor
 from nasplat.results import ExperimentResult
@@ -27,8 +28,9 @@ EXECUTORS = ("local", "simulated", "ray")
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 
-def make_controller(controller: str | type | Controller, space: Any, *, metric: str | None, mode: str, seed: int,
-                    options: Mapping[str, Any] | None = None) -> Controller:
+def make_controller(controller: str | type | Controller, space: Any, *, metric: str | Sequence[str] | None,
+                    mode: str | Sequence[str], seed: int, options: Mapping[str, Any] | None = None,
+                    constraints: Any = None) -> Controller:
     """A controller from an instance, a class, or a name in `CONTROLLERS` plus keyword options."""
     if isinstance(controller, Controller):
         if options:
@@ -41,8 +43,9 @@ def make_controller(controller: str | type | Controller, space: Any, *, metric: 
     if space is None or metric is None:
         raise ValueError(f"`space` and `metric` are needed to build a controller, got space={space!r}, {metric=!r}")
     space = resolve(space, what="space")
+    extra = {"constraints": constraints} if constraints is not None else {}
     return controller(space if isinstance(space, Space) else Space(space), metric=metric, mode=mode, seed=seed,
-                      **dict(options or {}))
+                      **extra, **dict(options or {}))
 
 
 def make_executor(executor: str | Executor, *, concurrency: int | None, **options: Any) -> Executor:
@@ -60,7 +63,8 @@ def make_executor(executor: str | Executor, *, concurrency: int | None, **option
 
 
 def run(*, trainer: type | str, controller: str | type | Controller = "random", space: Any = None,
-        metric: str | None = None, mode: Literal["max", "min"] = "max", executor: str | Executor = "local",
+        metric: str | Sequence[str] | None = None, mode: str | Sequence[str] = "max", constraints: Any = None,
+        executor: str | Executor = "local",
         concurrency: int | None = None, max_trials: int | None = None, time_budget_s: float | None = None,
         max_steps: int = 1, max_failures: int = 0, max_failed_trials: int | None = 10, seed: int = 0,
         name: str | None = None, storage: str | Path | None = None,
@@ -73,7 +77,8 @@ def run(*, trainer: type | str, controller: str | type | Controller = "random", 
     `ray`). Each trial runs up to `max_steps` steps of `trainer`; the search asks for new trials until `max_trials`
     trials were started and/or `time_budget_s` seconds passed on the executor's clock. A trial that raises is
     retried `max_failures` times; once more than `max_failed_trials` trials failed (None: no limit) the run stops
-    and raises `ExperimentFailed` with the first errors.
+    and raises `ExperimentFailed` with the first errors. Several objectives: `metric=[...]`, `mode=[...]` (one
+    each) and `constraints=["params <= 1.0", ...]`.
 
     With `storage` (a folder, or a URI such as `s3://bucket/prefix` that `pyarrow.fs` opens), every step is appended
     to `<storage>/<name>/results.jsonl` and the folder is kept so that `nasplat.resume(folder)` finishes a killed
@@ -82,23 +87,28 @@ def run(*, trainer: type | str, controller: str | type | Controller = "random", 
     `on_row(engine, row)` called with every recorded row (and `on_start(engine)`, `on_end(engine)` if it has them).
     Everything is checked before the folder is created.
     """
-    spec = dict(trainer=trainer, controller=controller, space=space, metric=metric, mode=mode, executor=executor,
+    spec = dict(trainer=trainer, controller=controller, space=space, metric=metric, mode=mode,
+                constraints=constraints, executor=executor,
                 concurrency=concurrency, max_trials=max_trials, time_budget_s=time_budget_s, max_steps=max_steps,
                 max_failures=max_failures, max_failed_trials=max_failed_trials, seed=seed, name=name,
                 storage=None if storage is None else str(storage), checkpoint=checkpoint,
                 controller_options=dict(controller_options or {}), executor_options=dict(executor_options or {}),
-                callbacks=list(callbacks))
+                callbacks=callbacks if isinstance(callbacks, (str, Mapping)) else list(callbacks))
     built = _build(spec)
     folder = None
     if storage is not None:
         folder = ExperimentFolder(storage_location(str(storage), built["name"]))
         spec["name"] = built["name"]
-        meta = dict(name=built["name"], metric=built["controller"].metric, mode=built["controller"].mode,
-                    controller=type(built["controller"]).__name__, location=folder.location,
-                    executor=executor if isinstance(executor, str) else type(executor).__name__)
+        ctrl = built["controller"]
+        several = len(ctrl.metrics) > 1  # lists for several objectives, as ExperimentResult.load reads them
+        meta = dict(name=built["name"], metric=list(ctrl.metrics) if several else ctrl.metric,
+                    mode=list(ctrl.modes) if several else ctrl.mode,
+                    controller=type(ctrl).__name__, location=folder.location,
+                    executor=executor if isinstance(executor, str) else type(executor).__name__,
+                    **({"constraints": [str(c) for c in ctrl.constraints]} if ctrl.constraints else {}))
         files = {META_FILE: json.dumps(meta, indent=2).encode()}
         plain = _plain_json(spec)
-        files.update({SPEC_JSON: plain.encode()} if plain is not None else {SPEC_PICKLE: cloudpickle.dumps(spec)})
+        files.update({SPEC_JSON: plain.encode()} if plain is not None else {SPEC_PICKLE: _pickled(spec)})
         folder.create(files)
     return _engine(built, folder, progress).run()
 
@@ -154,7 +164,8 @@ def _build(spec: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(trainer, type):
         raise TypeError(f"`trainer` must be a Trainer class (or its dotted path), got {trainer!r}")
     controller = make_controller(spec["controller"], spec["space"], metric=spec["metric"], mode=spec["mode"],
-                                 seed=spec["seed"], options=spec["controller_options"])
+                                 seed=spec["seed"], options=spec["controller_options"],
+                                 constraints=spec.get("constraints"))
     name = spec["name"] or f"{type(controller).__name__.lower()}-{time.strftime('%Y%m%d-%H%M%S')}"
     if not isinstance(name, str) or not NAME.fullmatch(name):
         raise ValueError(f"`name` must be 1-128 letters, digits, '.', '_' or '-' starting with a letter or digit "
@@ -168,7 +179,17 @@ def _build(spec: dict[str, Any]) -> dict[str, Any]:
     executor = make_executor(spec["executor"], concurrency=spec["concurrency"], **spec["executor_options"])
     return dict(trainer=trainer, controller=controller, name=name, budget=budget, policy=policy, executor=executor,
                 seed=spec["seed"], max_failures=spec["max_failures"], max_failed_trials=spec["max_failed_trials"],
-                callbacks=list(spec["callbacks"]), ray=spec["executor"] == "ray")
+                callbacks=_callbacks(spec["callbacks"]), ray=spec["executor"] == "ray")
+
+
+def _callbacks(specs: Sequence[Any]) -> list[Any]:
+    """Listener objects as given; names and mappings (`"mlflow"`, `{"name": "mlflow", ...}`) built by the
+    integrations' registry, so that an experiment file's callbacks stay plain data."""
+    from nasplat.integrations import make_callbacks
+
+    if isinstance(specs, (str, Mapping)) or not isinstance(specs, Sequence):
+        raise ValueError(f"`callbacks` must be a list of listeners, names or mappings, got {specs!r}")
+    return [make_callbacks([c])[0] if isinstance(c, (str, Mapping)) else c for c in specs]
 
 
 def _engine(built: dict[str, Any], folder: ExperimentFolder | None, progress: bool) -> Engine:
@@ -177,10 +198,21 @@ def _engine(built: dict[str, Any], folder: ExperimentFolder | None, progress: bo
                     max_failed_trials=built["max_failed_trials"], folder=folder, checkpoint=built["policy"],
                     progress=progress)
     engine.listeners.extend(built["callbacks"])
+    from nasplat.integrations import default_listeners  # TensorBoard event files where tensorboard is installed
+    engine.listeners.extend(default_listeners(folder.path if folder is not None else None, built["callbacks"]))
     if built["ray"]:
         from nasplat.monitoring import RayMetrics
         engine.listeners.append(RayMetrics(built["name"]))
     return engine
+
+
+def _pickled(spec: dict[str, Any]) -> bytes:
+    """`spec` pickled for storage; objects that cannot be pickled are named before anything is written."""
+    try:
+        return cloudpickle.dumps(spec)
+    except Exception as exc:
+        raise ValueError(f"the experiment cannot be saved to `storage`: {type(exc).__name__}: {exc}; give the trainer, "
+                         "space and controller by dotted path and name, or objects that pickle") from None
 
 
 def _plain_json(spec: dict[str, Any]) -> str | None:

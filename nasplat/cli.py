@@ -1,4 +1,4 @@
-"""The `nasplat` command: run, resume, status, report, export and serve experiments."""
+"""The `nasplat` command: run, resume, status, export, report and serve experiments."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import nasplat
 from nasplat.experiment import load_experiment
-from nasplat.engine import ExperimentFailed
+from nasplat.trials import ExperimentFailed
 from nasplat.results import ExperimentResult
 from nasplat.storage import FolderInUse
 
@@ -29,6 +29,31 @@ def _print_summary(result: ExperimentResult, top: int = 10) -> None:
         print(pd.DataFrame(rows).to_string(index=False))
 
 
+def _print_front(result: ExperimentResult) -> None:
+    """Trial counts and the Pareto front of an experiment with several objectives or constraints."""
+    counts = result.counts()
+    print(f"trials: {sum(counts.values())} ({', '.join(f'{n} {s}' for s, n in sorted(counts.items()))})")
+    front = result.pareto_front()
+    bounds = f" under {', '.join(str(c) for c in result.constraints)}" if result.constraints else ""
+    print(f"Pareto front{bounds}: {len(front)} trials")
+    if not front:
+        return
+    import pandas as pd
+
+    rows = [{"trial": r["trial_id"], **{m: r[m] for m in result.metrics}, "config": str(r["config"])[:80]}
+            for r in front]
+    with pd.option_context("display.max_colwidth", 80, "display.width", 160):
+        print(pd.DataFrame(rows).to_string(index=False))
+
+
+def _summarise(result: ExperimentResult, top: int) -> None:
+    """The Pareto front with several objectives or constraints, else a table of the `top` trials."""
+    if len(result.metrics) > 1 or result.constraints:
+        _print_front(result)
+    else:
+        _print_summary(result, top=top)
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     kwargs = load_experiment(args.experiment, executor=args.executor, storage=args.storage, name=args.name)
     if args.address:
@@ -38,21 +63,29 @@ def cmd_run(args: argparse.Namespace) -> int:
     result = nasplat.run(**kwargs, progress=not args.quiet)
     if result.path is not None:
         print(f"results: {result.path}  (nasplat status {result.path} · nasplat report {result.path})")
-    _print_summary(result, top=5)
+    _summarise(result, top=5)
     return 0
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
     result = nasplat.resume(args.folder, progress=not args.quiet)
     print(f"results: {result.path}")
-    _print_summary(result, top=5)
+    _summarise(result, top=5)
     return 0
 
 
 def cmd_status(args: argparse.Namespace) -> int:
     result = ExperimentResult.load(args.folder)
-    print(f"experiment {Path(args.folder).name}: metric {result.metric} ({result.mode})")
-    _print_summary(result, top=args.top)
+    objectives = ", ".join(f"{m} ({d})" for m, d in zip(result.metrics, result.modes))
+    print(f"experiment {Path(args.folder).name}: metric {objectives}")
+    _summarise(result, top=args.top)
+    if args.importance:
+        from nasplat.integrations import param_importances
+
+        importances = param_importances(result, evaluator=args.importance)
+        print(f"decision importance for {result.metric} (Optuna, {args.importance}):")
+        for name, value in importances.items():
+            print(f"  {name:<40} {value:.3f}")
     return 0
 
 
@@ -64,6 +97,19 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
+    """`--format parquet|csv`: the rows as a table; `pt` (the default with `--trial` or `--step`): a trial's weights."""
+    fmt = args.format or ("pt" if args.trial is not None or args.step is not None else "parquet")
+    if fmt != "pt":
+        if args.trial is not None or args.step is not None:
+            raise ValueError(f"--trial and --step choose a checkpoint: they need --format pt, got --format {fmt}")
+        from nasplat.integrations.tables import export_rows
+
+        print(f"exported: {export_rows(args.folder, fmt, args.output)}")
+        return 0
+    return _export_weights(args)
+
+
+def _export_weights(args: argparse.Namespace) -> int:
     """Write a trial's trained state with its config, step and metrics into one file plain `torch.load` reads."""
     import torch
 
@@ -117,17 +163,18 @@ def parser() -> argparse.ArgumentParser:
     status = sub.add_parser("status", help="a table of the best trials of an experiment folder")
     status.add_argument("folder")
     status.add_argument("--top", type=int, default=10)
+    status.add_argument("--importance", nargs="?", const="fanova", choices=["fanova", "ped-anova"],
+                        help="also print each decision's importance (Optuna's fANOVA, or PED-ANOVA)")
     status.set_defaults(func=cmd_status)
-    report = sub.add_parser("report", help="write a self-contained HTML report into the experiment folder")
-    report.add_argument("folder")
-    report.set_defaults(func=cmd_report)
-    export = sub.add_parser("export", help="write a trial's trained weights and config into one file")
+    export = sub.add_parser("export", help="write the rows as a table, or a trial's trained weights and config")
     export.add_argument("folder")
     export.add_argument("--trial", type=int, help="the trial to export (default: the best)")
     export.add_argument("--step", type=int, help="its latest checkpoint at or before this step (default: latest)")
-    export.add_argument("-o", "--output", help="the file to write (default: trial-<id>-step-<k>.pt here)")
-    export.add_argument("--format", choices=["pt"], default="pt",
-                        help="pt: {config, state_dict, trial_id, step, metrics} for torch.load")
+    export.add_argument("-o", "--output", help="the file to write (default: <folder>/results.<format> for rows, "
+                        "trial-<id>-step-<k>.pt here for weights)")
+    export.add_argument("--format", choices=["parquet", "csv", "pt"],
+                        help="parquet (default) or csv: the rows, one column per decision; pt (the default with "
+                        "--trial or --step): {config, state_dict, trial_id, step, metrics} for torch.load")
     export.set_defaults(func=cmd_export)
     serve = sub.add_parser("serve", help="serve the report live while the experiment runs")
     serve.add_argument("folder")
@@ -141,7 +188,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
         return args.func(args)
-    except (ValueError, TypeError, FileNotFoundError, FileExistsError, FolderInUse, ExperimentFailed) as exc:
+    except (ValueError, TypeError, FileNotFoundError, FileExistsError, ImportError, FolderInUse,
+            ExperimentFailed) as exc:
         print(f"nasplat {args.command}: error: {exc}", file=sys.stderr)
         return 2
 

@@ -1,70 +1,26 @@
 """The one loop every executor shares: ask the controller, dispatch, gather, decide, record.
 
-Rows and journal entries leave through an outbox in the order the controller saw them; a row whose step is being
-checkpointed waits there (and every later entry with it) until the checkpoint is durable. So what is on disk is
-always a prefix of what happened, a running trial's last recorded step always has its checkpoint, and
-`nasplat resume` rebuilds the controller exactly by replaying rows and journal (`nasplat.replay`).
+Rows and journal entries go out through `nasplat.outbox` in the order the controller saw them, each row after its
+checkpoint, so that `nasplat resume` rebuilds the controller exactly by replaying them (`nasplat.replay`).
 """
 
 from __future__ import annotations
 
-import math
 import sys
 import time
-from collections import deque
-from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from nasplat.checkpoint import CheckpointPolicy
-from nasplat.controllers.base import Controller, Decision, Exploit, Result, Stop, TrialSpec
+from nasplat.controllers.base import Controller, Decision, Exploit, Pause, Result, Stop, TrialSpec
 from nasplat.executors.base import Checkpoint, Executor, StepEvent
 from nasplat.metrics import MetricError, clean_metrics
+from nasplat.outbox import Outbox
+from nasplat.trials import Budget, ExperimentFailed, TrialRecord, is_int
 from nasplat.results import ExperimentResult, better
-from nasplat.space import Config
 from nasplat.storage import ExperimentFolder, Storage
-
-
-@dataclass
-class TrialRecord:
-    """The engine's view of one trial."""
-
-    trial_id: int
-    config: Config
-    parent_id: int | None = None
-    status: str = "running"  # running | completed | stopped | failed
-    step: int = 0
-    attempt: int = 0
-    metrics: dict[str, Any] = field(default_factory=dict)
-    error: str | None = None
-    restart: tuple[Any, int] | None = None  # (in-memory state handle, step) a retry may start from, set by exploits
-    checkpoint: Checkpoint | None = None  # the latest durable checkpoint
-    inherit: Any = None  # the parent's final state handle the trial starts from (evolution's inherit_weights)
-
-
-@dataclass
-class Budget:
-    """When to stop asking for trials: after `max_trials` trials and/or `time_s` seconds on the executor clock."""
-
-    max_trials: int | None = None
-    time_s: float | None = None
-    max_steps: int = 1
-
-    def __post_init__(self) -> None:
-        if self.max_trials is None and self.time_s is None:
-            raise ValueError("a budget needs `max_trials` and/or `time_budget_s`; got neither")
-        if self.max_trials is not None and not _is_int(self.max_trials, 1):
-            raise ValueError(f"`max_trials` must be an integer >= 1, got {self.max_trials!r}")
-        if self.time_s is not None and (isinstance(self.time_s, bool) or not isinstance(self.time_s, (int, float))
-                                        or not self.time_s > 0 or not math.isfinite(self.time_s)):
-            raise ValueError(f"`time_budget_s` must be a number > 0, got {self.time_s!r}")
-        if not _is_int(self.max_steps, 1):
-            raise ValueError(f"`max_steps` must be an integer >= 1, got {self.max_steps!r}")
-
-
-class ExperimentFailed(RuntimeError):
-    """More trials failed than `max_failed_trials` allows; the message sums up the first errors."""
 
 
 class Engine:
@@ -74,21 +30,21 @@ class Engine:
                  name: str = "experiment", seed: int = 0, max_failures: int = 0, max_failed_trials: int | None = 10,
                  folder: ExperimentFolder | None = None, checkpoint: CheckpointPolicy | None = None,
                  progress: bool = False) -> None:
-        if not _is_int(max_failures, 0):
+        if not is_int(max_failures, 0):
             raise ValueError(f"`max_failures` must be an integer >= 0, got {max_failures!r}")
-        if max_failed_trials is not None and not _is_int(max_failed_trials, 0):
+        if max_failed_trials is not None and not is_int(max_failed_trials, 0):
             raise ValueError(f"`max_failed_trials` must be an integer >= 0 or None, got {max_failed_trials!r}")
         if checkpoint is not None and folder is None:
             raise ValueError("checkpoints need `storage`: set `storage` or drop `checkpoint`")
         self.controller, self.executor, self.trainer, self.budget = controller, executor, trainer, budget
         self.name, self.seed, self.max_failures, self.max_failed_trials = name, seed, max_failures, max_failed_trials
         self.folder, self.policy, self.progress = folder, checkpoint, progress
-        self.objectives: tuple[str, ...] = tuple(getattr(controller, "metrics", (controller.metric,)))
+        # every step must report these as finite real numbers: the objectives and the metrics constraints bound
+        self.objectives: tuple[str, ...] = tuple(dict.fromkeys(
+            [*controller.metrics, *(constraint.metric for constraint in controller.constraints)]))
         self.trials: dict[int, TrialRecord] = {}
         self.active: set[int] = set()  # ids of running trials
-        self.rows: list[dict[str, Any]] = []  # rows recorded (out of the outbox), in order
-        self.outbox: deque[tuple[str, dict[str, Any], tuple[int, int] | None]] = deque()
-        self.saving: set[tuple[int, int]] = set()  # (trial, step) checkpoints requested and not yet reported
+        self.outbox = Outbox(folder, self._recorded)
         self.clock_offset = 0.0
         self.exploits = 0
         self.failed_errors: list[tuple[int, str]] = []  # (trial, error) of trials that ended failed
@@ -102,7 +58,7 @@ class Engine:
     def run(self) -> ExperimentResult:
         """Run to the end of the budget; raises `ExperimentFailed` once more than `max_failed_trials` failed."""
         try:
-            self.executor.open(self.trainer, self.name, self.folder.checkpoints if self.policy else None)
+            self.executor.open(self.trainer, self.name, self.folder.checkpoints if self.folder is not None else None)
             needed = getattr(self.controller, "min_concurrency", 1)
             if self.executor.concurrency < needed:
                 raise ValueError(f"{type(self.controller).__name__} needs its {needed} members training side by side, "
@@ -118,7 +74,7 @@ class Engine:
             while True:
                 if not self.failed_out():
                     self._fill()
-                if not self.active and not self.saving:
+                if not self.active and not self.outbox.waiting:
                     break
                 if self.failed_out() and self.active:
                     for trial_id in list(self.active):  # left running: `nasplat resume` may continue them
@@ -139,8 +95,7 @@ class Engine:
         """Flush what may go out, release the folder and the executor, tell the listeners; each part runs even if
         an earlier one fails."""
         try:
-            self.saving.clear()
-            self._flush()
+            self.outbox.forget()
             self._print_progress(final=True)
         finally:
             try:
@@ -159,16 +114,25 @@ class Engine:
             if method is not None:
                 method(self)
 
+    @property
+    def path(self) -> Path | None:
+        """The local experiment folder (the working copy, for a URI), or None without storage."""
+        return self.folder.path if self.folder is not None else None
+
     def now(self) -> float:
         return self.clock_offset + self.executor.now()
 
     def running(self) -> list[TrialRecord]:
         return [self.trials[t] for t in sorted(self.active)]
 
+    def time_left(self) -> bool:
+        return self.budget.time_s is None or self.now() < self.budget.time_s
+
     def budget_left(self) -> bool:
+        """Whether a new trial may start (a paused one may be resumed as long as there is time left)."""
         if self.budget.max_trials is not None and len(self.trials) >= self.budget.max_trials:
             return False
-        return self.budget.time_s is None or self.now() < self.budget.time_s
+        return self.time_left()
 
     def failed_out(self) -> bool:
         """Whether more trials failed than `max_failed_trials` allows."""
@@ -180,12 +144,23 @@ class Engine:
                 f"stopped. First errors: {first}")
 
     def _fill(self) -> None:
-        while len(self.active) < self.executor.concurrency and self.budget_left():
+        while len(self.active) < self.executor.concurrency:
+            promoted = self.controller.promote() if self.time_left() else None
+            if promoted is not None:
+                record = self.resume_trial(promoted)
+                self.outbox.ask({"resume": promoted, "rows": None, "time": round(self.now(), 6)})
+                kept = self.executor.kept.pop(promoted, None)
+                if kept is not None:
+                    record.restart = (kept, record.step)
+                self._launch(record)
+                continue
+            if not self.budget_left():
+                return
             spec = self.controller.ask()
             if spec is None:
                 return
             record = self.add_trial(spec)
-            self._emit("ask", {"ask": spec.trial_id, "rows": None, "time": round(self.now(), 6)})
+            self.outbox.ask({"ask": spec.trial_id, "rows": None, "time": round(self.now(), 6)})
             if spec.inherit_from is not None:
                 record.inherit = self.executor.kept_state(spec.inherit_from)
             self._launch(record)
@@ -199,12 +174,23 @@ class Engine:
         self.active.add(spec.trial_id)
         return record
 
+    def resume_trial(self, trial_id: int) -> TrialRecord:
+        """Take a paused trial back on (the controller promoted it)."""
+        record = self.trials.get(trial_id)
+        if record is None or record.status != "paused":
+            raise RuntimeError(f"controller promoted trial {trial_id}, which is not paused "
+                               f"(status: {None if record is None else record.status})")
+        record.status = "running"
+        self.active.add(trial_id)
+        return record
+
     def _launch(self, record: TrialRecord) -> None:
-        """Start (or restart) the trial from the newest state it can reach: an exploit's in-memory donor state or its
-        latest durable checkpoint, whichever is further; else from scratch (or its parent's state)."""
+        """Start (or restart) the trial from the newest state it can reach: an in-memory state (an exploit's donor
+        state, a paused trial's own) or its latest durable checkpoint, whichever is further (memory on a tie); else
+        from scratch (or its parent's state)."""
         state, inherit = None, False
         memory, durable = record.restart, record.checkpoint
-        if durable is not None and (memory is None or durable.step >= memory[1]):
+        if durable is not None and (memory is None or durable.step > memory[1]):
             state, record.step = durable, durable.step
         elif memory is not None:
             state, record.step = memory
@@ -219,8 +205,8 @@ class Engine:
         for checkpoint in event.saved:
             self._saved(checkpoint)
         record = self.trials.get(event.trial_id)
-        if (event.metrics is None and event.error is None) or record is None or record.status != "running":
-            self._flush()
+        if (event.metrics is None and event.error is None) or record is None or record.trial_id not in self.active:
+            self.outbox.flush()
             return
         if event.error is not None:
             self._fail(record, event, event.error, retry=True)
@@ -237,8 +223,12 @@ class Engine:
         perturbation = status == "running" and self.controller.snapshot_due(record.trial_id, record.step)
         save = record.step if self.policy is not None and self.policy.due(
             record.step, perturbation=perturbation, ending=status != "running") else None
-        self._emit("row", row, wait=(record.trial_id, save) if save is not None else None)
-        if status != "running":
+        if status == "paused" and self.folder is not None:
+            save = record.step  # a paused trial's state is kept durably always, in memory where it fits
+        self.outbox.row(row, wait=(record.trial_id, save) if save is not None else None)
+        if status == "paused":
+            self.executor.stop(record.trial_id, keep_state=True, save=save)
+        elif status != "running":
             self._release(record, save)
         elif exploit:
             donor = self.trials[decision.donor_id]
@@ -255,8 +245,12 @@ class Engine:
         result = Result(metrics, step)
         decision = self.controller.on_result(record.trial_id, result)
         done = step >= self.budget.max_steps or metrics.get("done") is True
-        status = "stopped" if isinstance(decision, Stop) and not done else "completed" if done else "running"
-        if status != "running":
+        status = "completed" if done else "stopped" if isinstance(decision, Stop) else (
+            "paused" if isinstance(decision, Pause) else "running")
+        if status == "paused":
+            record.status = "paused"
+            self.active.discard(record.trial_id)
+        elif status != "running":
             self.end(record, status, result)
         elif isinstance(decision, Exploit):
             self.exploits += 1
@@ -273,14 +267,17 @@ class Engine:
         self.controller.tell(record.trial_id, result)
 
     def _fail(self, record: TrialRecord, event: StepEvent, error: str, *, retry: bool) -> None:
-        self._drop_saves(record.trial_id)
+        self.outbox.forget(record.trial_id)  # its attempt's unfinished checkpoints will never be reported
         if retry and record.attempt < self.max_failures:
-            self._emit("row", self._row(record, event, "retried", record.step + 1, {}, error=error))
+            self.outbox.row(self._row(record, event, "retried", record.step + 1, {}, error=error))
             record.attempt += 1
+            if record.restart is not None and record.checkpoint is not None \
+                    and record.checkpoint.step >= record.restart[1]:
+                record.restart = None  # the in-memory state may be what was lost (its node died): take the durable one
             self.executor.stop(record.trial_id)
             self._launch(record)
             return
-        self._emit("row", self._row(record, event, "failed", record.step + 1, {}, error=error))
+        self.outbox.row(self._row(record, event, "failed", record.step + 1, {}, error=error))
         self.end(record, "failed", Result({}, record.step + 1, failed=True, error=error))
         self._release(record, None)
 
@@ -289,7 +286,7 @@ class Engine:
         parents = self.controller.parents()
         self.executor.stop(record.trial_id, keep_state=parents is not None and record.trial_id in parents, save=save)
         if parents is not None:
-            self.executor.drop_states(parents)
+            self.executor.drop_states(parents | {t for t, r in self.trials.items() if r.status == "paused"})
 
     def _row(self, record: TrialRecord, event: StepEvent, status: str, step: int, metrics: dict[str, Any], *,
              error: str | None = None) -> dict[str, Any]:
@@ -302,29 +299,14 @@ class Engine:
         row.update(metrics)
         return row
 
-    # -- the outbox and checkpoints ----------------------------------------------------------------
-    def _emit(self, kind: str, item: dict[str, Any], wait: tuple[int, int] | None = None) -> None:
-        if wait is not None:
-            self.saving.add(wait)
-        self.outbox.append((kind, item, wait))
-        self._flush()
+    # -- recording and checkpoints -------------------------------------------------------------------
+    @property
+    def rows(self) -> list[dict[str, Any]]:
+        """The rows recorded so far, in order."""
+        return self.outbox.rows
 
-    def _flush(self) -> None:
-        """Record every outbox entry up to the first that waits for a checkpoint not yet reported."""
-        while self.outbox and (self.outbox[0][2] is None or self.outbox[0][2] not in self.saving):
-            kind, item, _ = self.outbox.popleft()
-            if kind == "ask":
-                item["rows"] = len(self.rows)
-                if self.folder is not None:
-                    self.folder.append_journal(item)
-            else:
-                self.record(item)
-
-    def record(self, row: dict[str, Any]) -> None:
-        """A row leaves the outbox: append it, note the best, tell the listeners."""
-        self.rows.append(row)
-        if self.folder is not None:
-            self.folder.append_row(row)
+    def _recorded(self, row: dict[str, Any]) -> None:
+        """A row went out: note the best, tell the listeners."""
         self.note_best(row)
         for listener in self.listeners:
             listener.on_row(self, row)
@@ -338,27 +320,24 @@ class Engine:
             self.best_row = row
 
     def _saved(self, checkpoint: Checkpoint) -> None:
-        """A requested checkpoint is durable (or failed): its row may go out, older ones of the trial go."""
-        key = (checkpoint.trial_id, checkpoint.step)
-        self.saving.discard(key)
+        """A requested checkpoint is durable (or failed): its row may go out, the trial's older one goes."""
+        self.outbox.saved((checkpoint.trial_id, checkpoint.step), checkpoint.uri)
         if checkpoint.uri is None:
             print(f"[nasplat {self.name}] checkpoint of trial {checkpoint.trial_id} at step {checkpoint.step} "
                   f"failed: {_last_line(checkpoint.error or '')}", file=sys.stderr, flush=True)
             return
-        for kind, item, wait in self.outbox:
-            if wait == key:
-                item["checkpoint"] = checkpoint.uri
         record = self.trials.get(checkpoint.trial_id)
         if record is None:
             return
         previous, record.checkpoint = record.checkpoint, checkpoint
         if previous is not None and previous.uri != checkpoint.uri:
             _delete(previous)
-        if record.status != "running":
+        if self.policy is not None and record.status in ("completed", "stopped"):
             self._prune()
 
     def _prune(self) -> None:
-        """Keep the checkpoints of the `keep_best` best ended trials (and of every running one); delete the rest."""
+        """Keep the checkpoints of the `keep_best` best ended trials (and of every running or paused one); delete
+        the rest."""
         assert self.policy is not None
         scored = [(r.metrics[self.controller.metric], r.trial_id) for r in self.trials.values()
                   if r.status in ("completed", "stopped") and r.checkpoint is not None
@@ -370,14 +349,11 @@ class Engine:
                 _delete(record.checkpoint)
                 record.checkpoint = None
 
-    def _drop_saves(self, trial_id: int) -> None:
-        """A trial's attempt failed: checkpoints it had not finished will never be reported."""
-        self.saving = {key for key in self.saving if key[0] != trial_id}
-        self._flush()
-
     def result(self) -> ExperimentResult:
-        return ExperimentResult(list(self.rows), self.controller.metric, self.controller.mode,
-                                self.folder.path if self.folder is not None else None, dict(self.trials))
+        """The rows so far, ranked by the controller's objectives and constraints."""
+        c = self.controller
+        return ExperimentResult(list(self.rows), c.metric, c.mode, self.path, dict(self.trials), metrics=c.metrics,
+                                modes=c.modes, constraints=c.constraints)
 
     # -- console ---------------------------------------------------------------------------------
     def progress_line(self) -> str:
@@ -386,10 +362,10 @@ class Engine:
         best_text = f"best {self.controller.metric}={best[self.controller.metric]:.4g} (trial {best['trial_id']})" \
             if best else "no result yet"
         return (f"[nasplat {self.name}] {counts['completed'] + counts['stopped']} done · {counts['running']} running · "
-                f"{counts['failed']} failed · {best_text} · {self.now():.1f}s")
+                f"{counts['paused']} paused · {counts['failed']} failed · {best_text} · {self.now():.1f}s")
 
     def status_counts(self) -> dict[str, int]:
-        counts = {"completed": 0, "stopped": 0, "running": 0, "failed": 0}
+        counts = {"completed": 0, "stopped": 0, "running": 0, "paused": 0, "failed": 0}
         for record in self.trials.values():
             counts[record.status] += 1
         return counts
@@ -402,10 +378,6 @@ class Engine:
             self._last_progress = now
             end = "\n" if final or not sys.stderr.isatty() else "\r"
             print(self.progress_line(), end=end, file=sys.stderr, flush=True)
-
-
-def _is_int(value: Any, low: int) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= low
 
 
 def _last_line(text: str) -> str:

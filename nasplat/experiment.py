@@ -8,8 +8,10 @@ from typing import Any
 
 import yaml
 
-TOP_KEYS = ("name", "trainer", "space", "metric", "mode", "controller", "budget", "resources", "executor", "storage",
-            "seed", "max_failures")
+from nasplat.pareto import parse_constraints, parse_objectives
+
+TOP_KEYS = ("name", "trainer", "space", "metric", "mode", "constraints", "controller", "budget", "resources",
+            "executor", "storage", "seed", "max_failures", "max_failed_trials", "checkpoint", "callbacks")
 REQUIRED = ("trainer", "space", "metric", "controller", "budget")
 BUDGET_KEYS = ("max_trials", "time_budget_s", "max_steps")
 RESOURCE_KEYS = ("concurrency", "cpus_per_trial", "gpus_per_trial", "workers", "backend", "strategy", "backend_options")
@@ -50,19 +52,28 @@ def experiment_kwargs(spec: Mapping[str, Any], *, source: str = "experiment") ->
     if executor != "ray" and ray_options:
         raise ValueError(f"{source}: resources {sorted(ray_options)} need executor 'ray', got executor={executor!r}")
     mode = spec.get("mode", "max")
-    if mode not in ("max", "min"):
+    if isinstance(mode, str) and mode not in ("max", "min"):
         raise ValueError(f"{source}: 'mode' must be 'max' or 'min', got {mode!r}")
+    try:  # one metric and mode, or lists of them (several objectives), and metric thresholds
+        parse_objectives(spec["metric"], mode)
+        parse_constraints(spec.get("constraints"))
+    except ValueError as error:
+        raise ValueError(f"{source}: {error}") from None
     options = {k: v for k, v in controller.items() if k != "name"}
     kwargs: dict[str, Any] = dict(
         trainer=spec["trainer"], space=spec["space"], metric=spec["metric"], mode=mode,
+        constraints=spec.get("constraints"),
         controller=controller["name"], controller_options=options, executor=executor,
         max_trials=budget.get("max_trials"), time_budget_s=budget.get("time_budget_s"),
         max_steps=budget.get("max_steps", 1), seed=spec.get("seed", 0), max_failures=spec.get("max_failures", 0),
+        max_failed_trials=spec.get("max_failed_trials", 10), checkpoint=spec.get("checkpoint"),
         name=spec.get("name"), storage=spec.get("storage"),
         concurrency=resources.get("concurrency", 1 if executor != "ray" else None),
     )
     if executor == "ray":
         kwargs["executor_options"] = ray_options
+    if spec.get("callbacks"):  # names or mappings, built (and checked) by `nasplat.run`: the spec stays plain data
+        kwargs["callbacks"] = spec["callbacks"]
     return kwargs
 
 

@@ -50,8 +50,12 @@ def _cut_running(rows: list[dict[str, Any]], journal: list[dict[str, Any]]
         last[row["trial_id"]] = row
         if row.get("checkpoint"):
             cut[row["trial_id"]] = index
-    asked = [_trial_id(entry) for entry in journal]
-    running = {t for t in asked if t not in last or last[t].get("status") in ("running", "retried")}
+    last_index = {row["trial_id"]: index for index, row in enumerate(rows)}
+    resumed_late = {entry["resume"] for entry in journal if "resume" in entry
+                    and int(entry.get("rows") or 0) > last_index.get(entry["resume"], -1)}
+    asked = [entry["ask"] for entry in journal if "ask" in entry]
+    running = {t for t in asked if t not in last or last[t].get("status") in ("running", "retried")
+               or (last[t].get("status") == "paused" and t in resumed_late)}
     keep = [not (row["trial_id"] in running and index > cut.get(row["trial_id"], -1)
                  and row.get("status") != "retried") for index, row in enumerate(rows)]
     kept_before = [0]
@@ -71,7 +75,10 @@ def _replay(engine: Engine, rows: list[dict[str, Any]], journal: list[dict[str, 
     pending = next(asks, None)
     for index in range(len(rows) + 1):
         while pending is not None and int(pending["rows"]) <= index:
-            _ask(engine, _trial_id(pending))
+            if "resume" in pending:
+                _promote(engine, pending["resume"])
+            else:
+                _ask(engine, _trial_id(pending))
             pending = next(asks, None)
         if index < len(rows):
             mismatches += _apply(engine, rows[index], index)
@@ -88,6 +95,15 @@ def _ask(engine: Engine, trial_id: int) -> None:
                          f"{type(engine.controller).__name__} proposes {got}; a controller must be deterministic "
                          "given its seed for `nasplat resume` to rebuild it")
     engine.add_trial(spec)
+
+
+def _promote(engine: Engine, trial_id: int) -> None:
+    promoted = engine.controller.promote()
+    if promoted != trial_id:
+        raise ValueError(f"cannot resume: the journal says paused trial {trial_id} was resumed next, but "
+                         f"{type(engine.controller).__name__} promotes {promoted}; a controller must be deterministic "
+                         "given its seed for `nasplat resume` to rebuild it")
+    engine.resume_trial(trial_id)
 
 
 def _apply(engine: Engine, row: dict[str, Any], index: int) -> int:
@@ -111,7 +127,7 @@ def _apply(engine: Engine, row: dict[str, Any], index: int) -> int:
             engine.end(record, status, Result(metrics, step))
     if row.get("checkpoint"):
         record.checkpoint = Checkpoint(trial_id, step, row["checkpoint"])
-    engine.rows.append(row)
+    engine.outbox.rows.append(row)
     engine.note_best(row)
     return mismatch
 

@@ -1,7 +1,8 @@
 """`build_report(folder)`: one self-contained HTML page about an experiment folder (no external URLs).
 
 Sections: summary, best-so-far (against time and trials), learning curves, PBT schedules and exploit
-events, the evolution lineage (with the decision each mutation changed), and the top 10 trials. A section
+events, the evolution lineage (with the decision each mutation changed), decision importance (Optuna's
+fANOVA) and the top 10 trials. A section
 that does not apply to the experiment says so in one line.
 """
 
@@ -18,6 +19,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from nasplat import pareto
 from nasplat import report_plots as plots
 from nasplat.results import RESERVED, ExperimentResult
 from nasplat.storage import ROWS_FILE, write_atomic
@@ -25,8 +27,9 @@ from nasplat.storage import ROWS_FILE, write_atomic
 REPORT_FILE = "report.html"
 TOP_K = 10
 MAX_TABLE_ROWS = 2000
-SECTIONS = {"summary": "Summary", "best-so-far": "Best so far", "learning-curves": "Learning curves",
-            "pbt": "PBT schedules and exploits", "lineage": "Evolution lineage", "top": f"Top {TOP_K} trials"}
+SECTIONS = {"summary": "Summary", "best-so-far": "Best so far", "pareto": "Pareto front",
+            "learning-curves": "Learning curves", "pbt": "PBT schedules and exploits", "lineage": "Evolution lineage",
+            "importance": "Decision importance", "top": f"Top {TOP_K} trials"}
 
 
 @dataclass
@@ -254,6 +257,18 @@ def ancestors(by_id: pd.DataFrame, trial_id: int) -> list[int]:
         seen.add(int(parent))
 
 
+def importance_section(exp: Experiment) -> str:
+    from nasplat.integrations import param_importances
+
+    try:
+        importances = param_importances(exp.result)
+    except ValueError as exc:
+        return na(f"No decision importance: {exc}")
+    frame = pd.DataFrame({"decision": list(importances), "importance": list(importances.values())})
+    return table(frame, caption=f"The share of {exp.metric}'s variance over completed trials that each decision "
+                                "explains (Optuna's fANOVA, seeded; decisions inside a branch are left out).")
+
+
 def top_section(exp: Experiment) -> str:
     ranked = exp.result.ranked()[:TOP_K]
     if not ranked:
@@ -271,6 +286,45 @@ def top_section(exp: Experiment) -> str:
                                                 "each at its best step, with its full config.")
 
 
+def hypervolume_progress(trials: pd.DataFrame, metrics: list[str], modes: list[str], reference: list[float],
+                         curve_points: int = 200) -> pd.DataFrame:
+    """The hypervolume of the feasible front after the first n trials (rows in order of ending, with one column
+    per metric, `end` and `feasible`), at up to `curve_points` values of n: columns n_trials, end, hypervolume."""
+    counts = np.unique(np.linspace(1, len(trials), min(len(trials), curve_points)).astype(int))
+    signs = pareto.signs(modes)
+    points = trials[metrics].to_numpy() * signs
+    so_far, volumes, done = np.zeros((0, len(metrics))), [], 0
+    for n in counts:  # the front so far, grown by the trials that ended since the last point of the curve
+        so_far = np.vstack([so_far, points[done:n][trials["feasible"].to_numpy()[done:n]]])
+        so_far, done = so_far[pareto.non_dominated_mask(so_far)], n
+        volumes.append(pareto.hypervolume(so_far, np.array(reference) * signs))
+    return pd.DataFrame({"n_trials": counts, "end": trials["end"].to_numpy()[counts - 1], "hypervolume": volumes})
+
+
+def pareto_section(exp: Experiment, curve_points: int = 200) -> str:
+    """Several objectives: every trial against the first two, the front, and its hypervolume over time and trials
+    (reference: the worst value of each objective over all trials)."""
+    result = exp.result
+    metrics, modes = list(result.metrics), list(result.modes)
+    if len(metrics) < 2:
+        return na(f"One objective ({exp.metric}): no Pareto front; give several metrics (metric: [a, b]) for one.")
+    rows = sorted(pareto.trial_rows(result.rows, metrics), key=lambda r: (r["end"], r["trial_id"]))
+    if not rows:
+        return na(f"No trial has reported every objective {metrics} yet: no front.")
+    trials = pd.DataFrame([{**{m: float(r[m]) for m in metrics}, "end": float(r["end"]),
+                            "feasible": pareto.total_violation(result.constraints, r) == 0} for r in rows])
+    front = pd.DataFrame([{m: float(r[m]) for m in metrics} for r in result.pareto_front()])
+    worst = [trials[m].min() if d == "max" else trials[m].max() for m, d in zip(metrics, modes)]
+    curve = hypervolume_progress(trials, metrics, modes, worst, curve_points)
+    bounds = f"; constraints {', '.join(map(str, result.constraints))}" if result.constraints else ""
+    return (figure(plots.pareto_front(trials, front, metrics, modes),
+                   f"{len(rows)} trials by {metrics[0]} and {metrics[1]} (each trial's latest result); red: the "
+                   f"{len(front)} trials of the Pareto front of {metrics}{bounds}.")
+            + figure(plots.hypervolume_curve(curve),
+                     f"Hypervolume of the feasible front so far, up to the reference point "
+                     f"{dict(zip(metrics, map(fmt, worst)))} (the worst value of each objective over all trials)."))
+
+
 # -- page ----------------------------------------------------------------------------------------------
 
 
@@ -278,9 +332,9 @@ def render_report(folder: str | Path) -> str:
     """The report of the experiment in `folder` as one HTML string."""
     exp = Experiment.load(folder)
     exploits = exploit_events(exp)
-    bodies = {"summary": summary(exp), "best-so-far": best_section(exp),
+    bodies = {"summary": summary(exp), "best-so-far": best_section(exp), "pareto": pareto_section(exp),
               "learning-curves": curves_section(exp, exploits), "pbt": pbt_section(exp, exploits),
-              "lineage": lineage_section(exp), "top": top_section(exp)}
+              "lineage": lineage_section(exp), "importance": importance_section(exp), "top": top_section(exp)}
     title = html.escape(f"nasplat report: {exp.meta.get('name', exp.folder.name)}")
     nav = "".join(f"<a href='#{key}'>{html.escape(label)}</a>" for key, label in SECTIONS.items())
     sections = "".join(f"<section id='{key}'><h2>{html.escape(SECTIONS[key])}</h2>{body}</section>"

@@ -159,3 +159,36 @@ def lineage(trials: pd.DataFrame, edges: pd.DataFrame, ancestry: list[int], metr
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), title="decision mutated",
               title_fontsize=7)
     return to_svg(fig, "lineage")
+
+
+def pareto_front(trials: pd.DataFrame, front: pd.DataFrame, metrics: list[str], modes: list[str]) -> str:
+    """Every trial in the plane of the first two objectives (feasible grey, infeasible hollow), the front joined
+    by a step line in red. `trials` and `front` have one column per metric and `feasible`."""
+    fig, (ax,) = _figure(7, 4.6)
+    x, y = metrics[:2]
+    many = len(trials) > RASTER_ABOVE
+    ok = trials[trials["feasible"]]
+    ax.scatter(ok[x], ok[y], s=10, color=GREY, linewidths=0, label="trial", rasterized=many)
+    broken = trials[~trials["feasible"]]
+    if len(broken):
+        ax.scatter(broken[x], broken[y], s=12, facecolors="none", edgecolors="#8c959f", linewidths=0.7,
+                   label="breaks a constraint", rasterized=many)
+    line = front.sort_values(x)
+    ax.step(line[x], line[y], where="post" if modes[0] == "min" else "pre",  # the edge of the dominated region
+            color="#d62728", linewidth=1.2, alpha=0.7)
+    ax.scatter(line[x], line[y], s=22, color="#d62728", zorder=5, label=f"Pareto front ({len(line)})")
+    ax.set_xlabel(f"{x} ({modes[0]})")
+    ax.set_ylabel(f"{y} ({modes[1]})")
+    ax.legend(fontsize=8)
+    return to_svg(fig, "pareto-front")
+
+
+def hypervolume_curve(points: pd.DataFrame) -> str:
+    """Two panels: the hypervolume of the feasible front so far against time and against trials evaluated.
+    `points` has `end`, `n_trials` and `hypervolume`."""
+    fig, (ax_time, ax_trials) = _figure(11, 3.2, ncols=2)
+    for ax, x, label in ((ax_time, "end", "time since start [s]"), (ax_trials, "n_trials", "trials evaluated")):
+        ax.step(points[x], points["hypervolume"], where="post", color="#d62728", linewidth=1.8)
+        ax.set_xlabel(label)
+        ax.set_ylabel("hypervolume")
+    return to_svg(fig, "hypervolume")

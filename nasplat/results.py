@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from nasplat import pareto
 from nasplat.checkpoint import MANIFEST_FILE, checkpoint_name, load_checkpoint
 from nasplat.executors.base import Checkpoint
 from nasplat.storage import CHECKPOINTS, META_FILE, ROWS_FILE, Storage, is_uri, local_copy, read_json, read_rows
@@ -28,6 +29,14 @@ class ExperimentResult:
     mode: Literal["max", "min"] = "max"
     path: Path | None = None
     trials: dict[int, Any] = field(default_factory=dict)
+    metrics: tuple[str, ...] = ()  # every objective, `metric` first (default: `metric` alone)
+    modes: tuple[str, ...] = ()  # one per objective (default: `mode`)
+    constraints: tuple[pareto.Constraint, ...] = ()
+
+    def __post_init__(self) -> None:
+        self.metrics = tuple(self.metrics) or ((self.metric,) if self.metric else ())
+        self.modes = tuple(self.modes) or (self.mode,) * len(self.metrics)
+        self.constraints = pareto.parse_constraints(self.constraints)
 
     @classmethod
     def load(cls, folder: str | Path) -> ExperimentResult:
@@ -39,20 +48,42 @@ class ExperimentResult:
         if not (folder / ROWS_FILE).exists():
             raise FileNotFoundError(f"{folder} is not an experiment folder: no {ROWS_FILE} in it")
         meta = read_json(folder / META_FILE) if (folder / META_FILE).exists() else {}
-        return cls(read_rows(folder / ROWS_FILE), meta.get("metric", ""), meta.get("mode", "max"), folder)
+        metrics, modes = meta.get("metric", ""), meta.get("mode", "max")  # lists for several objectives
+        metrics, modes = (metrics, modes) if isinstance(metrics, list) else ([metrics] if metrics else [], [modes])
+        return cls(read_rows(folder / ROWS_FILE), metrics[0] if metrics else "", modes[0], folder,
+                   metrics=tuple(metrics), modes=tuple(modes), constraints=meta.get("constraints"))
 
-    def dataframe(self) -> pd.DataFrame:
-        """One row per trial step: trial id, step, status, config, metrics, parent/donor id, times, node, pid."""
+    def pareto_front(self) -> list[dict[str, Any]]:
+        """Each trial's latest successful row on the Pareto front of `metrics`, best first by `metric`: the
+        non-dominated rows that satisfy every constraint, or if none does, those that break them least."""
+        return pareto.front_rows(self.rows, self.metrics, self.modes, self.constraints)
+
+    def hypervolume(self, reference_point: list[float]) -> float:
+        """The hypervolume that the feasible trials dominate, in metric units, up to `reference_point` (one
+        value per metric, worse than every front member: below it for `max`, above it for `min`)."""
+        return pareto.rows_hypervolume(self.rows, self.metrics, self.modes, reference_point, self.constraints)
+
+    def dataframe(self, *, flatten_config: bool = False) -> pd.DataFrame:
+        """One row per trial step: trial id, step, status, config, metrics, parent/donor id, times, node, pid.
+
+        `flatten_config=True` replaces the `config` column by one column per decision, `config.<path>`
+        (`config.depth.n`, ...); a decision absent from a row's config (a branch not taken) is missing (NaN) there.
+        """
         import pandas as pd  # imported here: trial workers never pay for it
 
         frame = pd.DataFrame(self.rows)
         for column in RESERVED:
             if column not in frame:
                 frame[column] = None
+        if flatten_config:
+            configs = pd.DataFrame([flat_config(c) for c in frame["config"]], index=frame.index)
+            at = frame.columns.get_loc("config")
+            frame = pd.concat([frame.iloc[:, :at], configs, frame.iloc[:, at + 1:]], axis=1)
         return frame
 
     def ranked(self) -> list[dict[str, Any]]:
-        """The best row of each trial, best trial first (failed rows and missing metrics left out)."""
+        """The best row of each trial by `metric`, best trial first (failed rows and missing metrics left out);
+        with constraints, trials that break them come last, by total violation."""
         best: dict[int, dict[str, Any]] = {}
         for row in self.rows:
             value = row.get(self.metric)
@@ -62,11 +93,13 @@ class ExperimentResult:
             if current is None or better(value, current[self.metric], self.mode):
                 best[row["trial_id"]] = row
         sign = -1 if self.mode == "max" else 1
-        return sorted(best.values(), key=lambda r: (sign * r[self.metric], r["trial_id"]))
+        return sorted(best.values(), key=lambda r: (pareto.total_violation(self.constraints, r), sign * r[self.metric],
+                                                    r["trial_id"]))
 
     @property
     def best(self) -> dict[str, Any] | None:
-        """The row with the best `metric` over every trial step, or None if nothing succeeded."""
+        """The row with the best `metric` over every trial step (constraint breakers last), or None if nothing
+        succeeded."""
         ranked = self.ranked()
         return ranked[0] if ranked else None
 
@@ -124,6 +157,16 @@ def _complete(location: str) -> bool:
         return Storage(location).exists(MANIFEST_FILE)
     except (OSError, ValueError):
         return False
+
+
+def flat_config(config: Any, prefix: str = "config.") -> dict[str, Any]:
+    """`{"depth": {"n": 2}}` -> `{"config.depth.n": 2}`: one key per decision, nested dicts joined by dots."""
+    if not isinstance(config, dict):
+        return {prefix.rstrip("."): config}
+    out: dict[str, Any] = {}
+    for key, value in config.items():
+        out.update(flat_config(value, f"{prefix}{key}.") if isinstance(value, dict) else {f"{prefix}{key}": value})
+    return out
 
 
 def better(a: float, b: float, mode: str) -> bool:

@@ -10,11 +10,13 @@ from typing import Any
 import optuna
 
 from nasplat.controllers import (
-    Controller, Exploit, OptunaSampler, PopulationBasedTraining, RandomSearch, RegularizedEvolution, Reinforce, Result,
+    Controller, Exploit, MultiObjectiveEvolution, OptunaSampler, PopulationBasedTraining, RandomSearch,
+    RegularizedEvolution, Reinforce, Result,
 )
 from nasplat.space import Choice, Config, Domain, Float, Int, Space
 
 METRIC = "score"
+COST = "cost"  # a second objective (minimised) that every Driver report carries
 
 MIXED = Space({
     "op": Choice(["conv3x3", "conv5x5", "maxpool", "skip"]),
@@ -38,6 +40,14 @@ def objective(config: Config, step: int = 1) -> float:
     return score + 0.01 * step
 
 
+def cost(config: Config) -> float:
+    """A deterministic cost over `MIXED` that grows with depth and head width: in conflict with `objective`."""
+    head = config["head"]
+    return config["layers"] * (1.0 + (math.log2(head["hidden"]) if head["kind"] == "mlp" else 0.0))
+
+
+MO = dict(metric=[METRIC, COST], mode=["max", "min"], constraints=[f"{COST} <= 40"])  # two objectives, a bound
+
 # -- controllers under test ------------------------------------------------------------------
 Factory = Callable[..., Controller]
 
@@ -52,6 +62,12 @@ FACTORIES: dict[str, Factory] = {
         MIXED, sampler=optuna.samplers.TPESampler(seed=seed, n_startup_trials=4), metric=METRIC, seed=seed, **kw),
     "optuna_random": lambda seed, **kw: OptunaSampler(
         MIXED, sampler=optuna.samplers.RandomSampler(seed=seed), metric=METRIC, seed=seed, **kw),
+    "mo_evolution": lambda seed, **kw: MultiObjectiveEvolution(MIXED, population_size=6, sample_size=3, **MO,
+                                                               seed=seed, **kw),
+    "mo_random": lambda seed, **kw: RandomSearch(MIXED, **MO, seed=seed, **kw),
+    "mo_optuna_nsga2": lambda seed, **kw: OptunaSampler(
+        MIXED, sampler=optuna.samplers.NSGAIISampler(seed=seed, population_size=4), **MO, seed=seed,
+        **kw),
 }
 
 
@@ -84,7 +100,7 @@ class Driver:
             if (self.reports // self.fail_every) % 2:
                 return Result({METRIC: 1.0}, self.step, failed=True, error="synthetic crash")
             return Result({METRIC: float("nan")}, self.step)
-        return Result({METRIC: objective(config, self.step)}, self.step)
+        return Result({METRIC: objective(config, self.step), COST: cost(config)}, self.step)
 
     def rounds(self, n: int) -> list[Any]:
         """`n` rounds; returns the proposals: (trial_id, config, parent_id) or (trial_id, step, decision)."""

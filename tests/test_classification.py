@@ -50,7 +50,9 @@ def test_state_dict_round_trip_gives_identical_evaluation_and_next_step() -> Non
     receiver.load_state_dict(copy.deepcopy(donor.state_dict()))
     assert receiver.epoch == donor.epoch == 1
     assert receiver.evaluate() == donor.evaluate()
-    assert receiver.step() == donor.step()
+    mine, theirs = receiver.step(), donor.step()
+    assert mine.pop("latency_ms") > 0 and theirs.pop("latency_ms") > 0  # wall time: measured, not reproducible
+    assert mine == theirs
 
     other_seed = make({**GOOD, "lr": 0.01}, seed=7)  # PBT: another member, another seed and config
     other_seed.load_state_dict(copy.deepcopy(donor.state_dict()))
@@ -141,8 +143,9 @@ def test_every_sampled_config_is_valid_builds_and_trains(seed: int) -> None:
     space.validate(config)
     assert space.decode(space.encode(config))["depth"]["n"] == config["depth"]["n"]
     metrics = make(config, seed=seed).step()
-    assert set(metrics) == {"train_loss", "test_loss", "test_acc", "epoch"}
+    assert set(metrics) == {"train_loss", "test_loss", "test_acc", "epoch", "params", "latency_ms"}
     assert np.isfinite(metrics["train_loss"]) and 0.0 <= metrics["test_acc"] <= 1.0
+    assert metrics["params"] == sum(p.numel() for p in build_model(config, 1, 10, (8, 8)).parameters())
 
 
 def test_mutated_configs_build_for_images_and_sequences() -> None:

@@ -77,7 +77,7 @@ class DigitsTrainer(Trainer):
             self.epoch += 1
         with torch.no_grad():
             accuracy = (self.model(digits()["x_test"]).argmax(1) == digits()["y_test"]).float().mean().item()
-        return {"test_acc": accuracy, "epoch": self.epoch, "pid": os.getpid()}
+        return {"test_acc": accuracy, "epoch": self.epoch}
 
     def fixed_batches(self) -> dict[str, Any]:
         x, y, size = digits()["x_train"], digits()["y_train"], self.config["batch_size"]

@@ -143,7 +143,7 @@ def test_export_round_trip_reproduces_the_recorded_accuracy(tmp_path, capsys):
     best = result.ranked()[0]["trial_id"]
     assert result.checkpoint is not None and result.checkpoint.trial_id == best and result.checkpoint.step == 2
     output = tmp_path / "best.pt"
-    assert cli(["export", str(tmp_path / "cnn"), "-o", str(output)]) == 0
+    assert cli(["export", str(tmp_path / "cnn"), "--format", "pt", "-o", str(output)]) == 0
     exported = torch.load(output)  # plain PyTorch: weights_only, no nasplat needed
     assert (exported["trial_id"], exported["step"]) == (best, 2)
     data = load_dataset("digits")

@@ -219,3 +219,43 @@ def test_evolution_children_inherit_their_parents_state_where_it_fits(inherit):
                          controller_options={"population_size": 4, "sample_size": 2, "inherit_weights": inherit})
     check_inheritance(result.dataframe(), inherit)
     assert len(executor.kept) == (4 if inherit else 0)  # only the population's states are kept
+
+
+class PauseAtOne(nasplat.RandomSearch):
+    """Pauses every trial after its first step; of each three paused, resumes the best one."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.paused: dict[int, float] = {}
+
+    def on_result(self, trial_id, result):
+        if result.step == 1:
+            self.paused[trial_id] = result.metrics["score"]
+            return nasplat.controllers.PAUSE
+        return nasplat.controllers.CONTINUE
+
+    def promote(self):
+        if len(self.paused) < 3:
+            return None
+        best = max(self.paused, key=self.paused.get)
+        self.paused.clear()
+        return best
+
+
+def test_paused_trials_give_their_slot_back_and_resume_from_their_state_when_promoted(tmp_path):
+    controller = PauseAtOne(SPACE, metric="score", seed=0)
+    result = nasplat.run(trainer=Quadratic, controller=controller, max_trials=6, max_steps=3, storage=tmp_path,
+                         name="pause")
+    rows = result.rows
+    paused = [r["trial_id"] for r in rows if r["status"] == "paused"]
+    assert sorted(paused) == list(range(6))
+    completed = [r for r in rows if r["status"] == "completed"]
+    assert len(completed) == 2  # one promotion per three paused trials
+    for row in completed:  # it continued from its state: t counts on from the paused step
+        mine = [r for r in rows if r["trial_id"] == row["trial_id"]]
+        assert [(r["step"], r["t"], r["status"]) for r in mine] == [(1, 1, "paused"), (2, 2, "running"),
+                                                                   (3, 3, "completed")]
+    first_three = [r["score"] for r in rows if r["status"] == "paused"][:3]
+    assert completed[0]["trial_id"] == paused[first_three.index(max(first_three))]
+    journal = [json.loads(line) for line in (tmp_path / "pause" / "journal.jsonl").read_text().splitlines()]
+    assert [e["resume"] for e in journal if "resume" in e] == [c["trial_id"] for c in completed]

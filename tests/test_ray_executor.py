@@ -20,7 +20,7 @@ from nasplat.results import ExperimentResult
 
 
 class Sleepy(Trainer):
-    """Sleeps `ms` per step and reports its worker pid."""
+    """Sleeps `ms` per step (rows carry the worker's pid)."""
 
     def setup(self, config, ctx):
         self.ms, self.t = config["ms"], 0
@@ -28,11 +28,11 @@ class Sleepy(Trainer):
     def step(self):
         time.sleep(self.ms / 1000)
         self.t += 1
-        return {"score": float(self.ms), "pid": os.getpid(), "t": self.t}
+        return {"score": float(self.ms), "t": self.t}
 
 
 class LinearRegression(Trainer):
-    """SGD on a fixed regression problem; reports the optimizer's learning rate and its pid. A step takes 0.2 s, so
+    """SGD on a fixed regression problem; reports the optimizer's learning rate. A step takes 0.2 s, so
     that PBT's two members train side by side even when one starts a second later than the other."""
 
     def setup(self, config, ctx):
@@ -49,7 +49,7 @@ class LinearRegression(Trainer):
         self.opt.zero_grad()
         loss.backward()
         self.opt.step()
-        return {"neg_loss": -loss.item(), "lr": self.opt.param_groups[0]["lr"], "pid": os.getpid()}
+        return {"neg_loss": -loss.item(), "lr": self.opt.param_groups[0]["lr"]}
 
     def state_dict(self):
         return {"model": self.model.state_dict(), "opt": self.opt.state_dict()}

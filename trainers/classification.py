@@ -7,6 +7,7 @@ evaluation on the whole test set. Both data sets are built offline and determini
 from __future__ import annotations
 
 import random
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -125,7 +126,8 @@ class ClassificationTrainer(Trainer):
         for _ in range(self.epochs_per_step):
             train_loss = self.train_epoch()
         test_loss, test_acc = self.evaluate()
-        return {"train_loss": train_loss, "test_loss": test_loss, "test_acc": test_acc, "epoch": float(self.epoch)}
+        return {"train_loss": train_loss, "test_loss": test_loss, "test_acc": test_acc, "epoch": float(self.epoch),
+                **inference_cost(self.net, self.data.x_test[:1].to(self.ctx.device))}
 
     def train_epoch(self) -> float:
         """One pass over the shard in a fresh order (a function of the seed and the epoch); the mean loss."""
@@ -185,6 +187,25 @@ class ClassificationTrainer(Trainer):
         self.batch_size = _positive_int(config, "batch_size", None)
         self.epochs_per_step = _positive_int(config, "epochs_per_step", 1)
         self.config = config
+
+
+@torch.no_grad()
+def inference_cost(net: torch.nn.Module, example: torch.Tensor, repeats: int = 10) -> dict[str, float]:
+    """Cost metrics for searches with several objectives: `params` (trainable parameters) and `latency_ms`, the
+    median wall time of a forward pass on `example` (one input) in eval mode, after two warm-up passes."""
+    was_training = net.training
+    net.eval()
+    times = []
+    for i in range(repeats + 2):
+        start = time.perf_counter()
+        net(example)
+        if example.is_cuda:
+            torch.cuda.synchronize(example.device)
+        if i >= 2:
+            times.append(time.perf_counter() - start)
+    net.train(was_training)
+    params = sum(p.numel() for p in net.parameters() if p.requires_grad)
+    return {"params": float(params), "latency_ms": 1000.0 * float(np.median(times))}
 
 
 def _positive_int(config: Config, key: str, default: int | None) -> int:

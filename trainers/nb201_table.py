@@ -3,6 +3,8 @@
 Follows the benchmark's search protocol (../shared/data/README.md): the search signal is the 12-epoch
 validation accuracy; an evaluation costs `12 * train_s_per_epoch + valid_s_per_epoch` simulated seconds
 (twice that on CIFAR-100); a search is scored by the 200-epoch test accuracy of the cell it returns.
+Cost metrics beside the accuracies, for searches with several objectives: `params_mb` (parameters, millions)
+and `train_s_per_epoch` (measured seconds per training epoch).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from nasplat.trainer import Trainer, WorkerContext
 from search_spaces.nb201 import EDGES, OPS, from_arch_str
 
 DATASETS = ("cifar10", "cifar100")
+METRICS = ("valid_acc", "test_acc", "time_cost", "params_mb", "train_s_per_epoch")  # what each step reports
 
 
 def shared_data_dir() -> Path:
@@ -41,11 +44,12 @@ def load_table(dataset: str = "cifar10") -> dict[str, np.ndarray]:
     order = np.argsort(codes)
     if not np.array_equal(codes[order], np.arange(len(OPS) ** len(EDGES))):
         raise ValueError(f"{path} must hold each of the {len(OPS) ** len(EDGES)} cells exactly once")
+    scale = 2.0 if dataset == "cifar100" else 1.0  # CIFAR-100 trains on twice the images (see the README)
     cost = 12 * frame["cifar10_train_s_per_epoch"] + frame["cifar10_valid_s_per_epoch"]
     columns = {
         "valid_acc": frame[f"{dataset}_valid_acc_12ep"], "test_acc": frame[f"{dataset}_test_acc_200ep"],
-        "time_cost": cost * (2.0 if dataset == "cifar100" else 1.0), "params_mb": frame["params_mb"],
-        "index": frame["index"],
+        "time_cost": cost * scale, "params_mb": frame["params_mb"],
+        "train_s_per_epoch": frame["cifar10_train_s_per_epoch"] * scale, "index": frame["index"],
     }
     return {k: np.asarray(v)[order] for k, v in columns.items()}
 
@@ -69,7 +73,7 @@ class NB201Table(Trainer):
 
     def step(self) -> dict[str, Any]:
         t = self.table
-        return {key: float(t[key][self.code]) for key in ("valid_acc", "test_acc", "time_cost", "params_mb")}
+        return {key: float(t[key][self.code]) for key in METRICS}
 
     def state_dict(self) -> dict[str, Any]:
         return {}

@@ -5,12 +5,13 @@ from __future__ import annotations
 import copy
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, ClassVar
 
 import numpy as np
 
+from nasplat.pareto import parse_constraints, parse_objectives, signs, total_violation
 from nasplat.space import Config, Space
 
 
@@ -52,22 +53,40 @@ class Exploit:
     config: Config
 
 
-Decision = Continue | Stop | Exploit
+@dataclass(frozen=True)
+class Pause:
+    """Stop the trial for now and keep its state (in memory where it fits, durably with storage); the controller
+    may resume it later through `promote` (asynchronous successive halving)."""
+
+
+Decision = Continue | Stop | Exploit | Pause
 CONTINUE = Continue()
 STOP = Stop()
+PAUSE = Pause()
 
 
 class Controller(ABC):
-    """A seeded ask/tell search strategy. Scores are always maximised: `mode="min"` flips the sign once here."""
+    """A seeded ask/tell search strategy. Scores are always maximised: `mode="min"` flips the sign once here.
 
-    def __init__(self, space: Space | Mapping[str, Any], *, metric: str, mode: Literal["max", "min"] = "max",
-                 seed: int = 0) -> None:
-        if mode not in ("max", "min"):
-            raise ValueError(f"mode must be 'max' or 'min', got {mode=!r}")
-        if not isinstance(metric, str) or not metric:
-            raise ValueError(f"metric must be a non-empty string naming a reported metric, got {metric=!r}")
+    `metric` may name several objectives (with one `mode` each, or one for all) and `constraints` may bound
+    metrics (`"params <= 1.0"`, see `nasplat.pareto.parse_constraints`); only controllers with
+    `multi_objective = True` accept either. `metrics`, `modes` and `constraints` hold them parsed;
+    `metric` and `mode` are the first objective.
+    """
+
+    multi_objective: ClassVar[bool] = False  # whether the controller ranks several objectives and constraints
+
+    def __init__(self, space: Space | Mapping[str, Any], *, metric: str | Sequence[str],
+                 mode: str | Sequence[str] = "max", constraints: Any = None, seed: int = 0) -> None:
+        self.metrics, self.modes = parse_objectives(metric, mode)
+        self.constraints = parse_constraints(constraints)
+        if (len(self.metrics) > 1 or self.constraints) and not self.multi_objective:
+            raise ValueError(f"{type(self).__name__} optimises one metric without constraints, got "
+                             f"metric={list(self.metrics)}, constraints={[str(c) for c in self.constraints]}; "
+                             f"for several objectives or constraints use 'mo_evolution', 'random' or 'optuna'")
         self.space = space if isinstance(space, Space) else Space(space)
-        self.metric, self.mode, self.seed = metric, mode, seed
+        self.metric, self.mode, self.seed = self.metrics[0], self.modes[0], seed
+        self._signs = signs(self.modes)
         self.rng = np.random.default_rng(seed)
         self.next_trial_id = 0
         self.failed_trials: list[int] = []  # ids of trials that reported a failure or a non-finite metric, in order
@@ -78,8 +97,14 @@ class Controller(ABC):
         """The next trial to run, or None when nothing should start now."""
 
     def tell(self, trial_id: int, result: Result) -> None:
-        """A trial ended with `result` (its last report, or a failure)."""
-        self._score_of(trial_id, result)
+        """A trial ended with `result` (its last report, or a failure). A paused trial has not ended: `tell` comes
+        only if it is resumed and ends, or fails."""
+        self._objectives_of(trial_id, result)
+
+    def promote(self) -> int | None:
+        """A paused trial to resume now, asked before `ask` whenever a slot is free (also once the budget for new
+        trials is spent); the trial continues from its saved state at its next step. The default: none."""
+        return None
 
     def on_result(self, trial_id: int, result: Result) -> Decision:
         """An intermediate report; the default lets every trial run to its step budget."""
@@ -111,6 +136,32 @@ class Controller(ABC):
             self.failed_trials.append(trial_id)
         return score
 
+    def objectives(self, result: Result) -> tuple[np.ndarray, float] | None:
+        """The maximised objective vector of `result` (one entry per metric) and its total constraint violation
+        (0: feasible), or None if it failed or lacks a finite value for an objective or a constrained metric."""
+        if result.failed:
+            return None
+        values = []
+        for name in self.metrics:
+            try:
+                value = float(result.metrics.get(name))
+            except (TypeError, ValueError):
+                return None
+            if not math.isfinite(value):
+                return None
+            values.append(value)
+        violation = total_violation(self.constraints, result.metrics)
+        if not math.isfinite(violation):
+            return None
+        return np.asarray(values) * self._signs, violation
+
+    def _objectives_of(self, trial_id: int, result: Result) -> tuple[np.ndarray, float] | None:
+        """`objectives(result)`; a failed result (None) is recorded in `failed_trials`."""
+        scored = self.objectives(result)
+        if scored is None:
+            self.failed_trials.append(trial_id)
+        return scored
+
     def parents(self) -> set[int] | None:
         """Ended trials whose final state a later trial may start from (`TrialSpec.inherit_from`); executors keep
         those states and let go of the others. None (the default): no trial inherits, keep nothing."""
@@ -123,13 +174,14 @@ class Controller(ABC):
 
     # -- persistence -----------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """Everything needed to continue identically, RNG state included."""
-        state = {k: copy.deepcopy(v) for k, v in self.__dict__.items() if k not in ("space", "rng")}
+        """Everything needed to continue identically, RNG state included (one deep copy: objects that
+        attributes share stay shared)."""
+        state = copy.deepcopy({k: v for k, v in self.__dict__.items() if k not in ("space", "rng")})
         state["rng"] = copy.deepcopy(self.rng.bit_generator.state)
         return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        state = dict(state)
-        self.rng.bit_generator.state = copy.deepcopy(state.pop("rng"))
+        state = copy.deepcopy(dict(state))
+        self.rng.bit_generator.state = state.pop("rng")
         for key, value in state.items():
-            setattr(self, key, copy.deepcopy(value))
+            setattr(self, key, value)

@@ -1,9 +1,13 @@
-"""Any Optuna sampler (TPE, CMA-ES, GP, ...) driven through Optuna's own ask/tell interface."""
+"""Any Optuna sampler (TPE, CMA-ES, GP, NSGA-II, ...) driven through Optuna's own ask/tell interface."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import numpy as np
 
 from nasplat.controllers.base import Controller, Result, TrialSpec
 from nasplat.domains import copy_config
@@ -13,36 +17,96 @@ if TYPE_CHECKING:  # imported when first used: trial workers never pay for Optun
     import optuna
 
 
-class OptunaSampler(Controller):
-    """Proposes configs with `sampler` (default: `TPESampler(seed=seed)`); conditional spaces define-by-run."""
+SAMPLERS = ("tpe", "nsga2", "nsga3", "random")
+_LOCK_TYPES = {type(threading.Lock()): threading.Lock, type(threading.RLock()): threading.RLock}
 
-    def __init__(self, space: Space | Mapping[str, Any], *, sampler: optuna.samplers.BaseSampler | None = None,
-                 **kwargs: Any) -> None:
+
+class OptunaSampler(Controller):
+    """Proposes configs with `sampler`, an Optuna sampler or one of `SAMPLERS` by name (default: TPE for one
+    objective, NSGA-II for several); conditional spaces define-by-run. Several objectives make a study with one
+    direction each; each constraint's violation is set on the trial (`Trial.set_constraint`, feasible at 0),
+    where Optuna's constraint-aware samplers (TPE, NSGA-II, NSGA-III, GP) read it."""
+
+    multi_objective: ClassVar[bool] = True
+
+    def __init__(self, space: Space | Mapping[str, Any], *,
+                 sampler: optuna.samplers.BaseSampler | str | None = None, **kwargs: Any) -> None:
         super().__init__(space, **kwargs)
         import optuna
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
-        sampler = sampler if sampler is not None else optuna.samplers.TPESampler(seed=self.seed)
-        self.study = optuna.create_study(direction="maximize", sampler=sampler)
-        self.pending: dict[int, int] = {}  # trial_id -> Optuna trial number
+        if sampler is None or isinstance(sampler, str):
+            sampler = self._named_sampler(sampler or ("tpe" if len(self.metrics) == 1 else "nsga2"))
+        self.study = optuna.create_study(directions=["maximize"] * len(self.metrics), sampler=sampler)
+        self.pending: dict[int, optuna.Trial] = {}  # trial_id -> its Optuna trial
+
+    def _named_sampler(self, name: str) -> optuna.samplers.BaseSampler:
+        import optuna
+
+        if name == "tpe":
+            return optuna.samplers.TPESampler(seed=self.seed)
+        if name == "nsga2":
+            return optuna.samplers.NSGAIISampler(seed=self.seed)
+        if name == "nsga3":
+            return optuna.samplers.NSGAIIISampler(seed=self.seed)
+        if name == "random":
+            return optuna.samplers.RandomSampler(seed=self.seed)
+        raise ValueError(f"unknown Optuna sampler {name!r}; allowed: {list(SAMPLERS)} or a sampler instance")
 
     def ask(self) -> TrialSpec:
         trial = self.study.ask()
         spec = self._propose(_suggest(self.space, trial, ""))
-        self.pending[spec.trial_id] = trial.number
+        self.pending[spec.trial_id] = trial
         return spec
 
     def tell(self, trial_id: int, result: Result) -> None:
-        score = self._score_of(trial_id, result)
-        number = self.pending.pop(trial_id, None)
-        if number is None:
+        scored = self._objectives_of(trial_id, result)
+        trial = self.pending.pop(trial_id, None)
+        if trial is None:
             return
-        if score is None:
+        if scored is None:
             from optuna.trial import TrialState
 
-            self.study.tell(number, state=TrialState.FAIL)
-        else:
-            self.study.tell(number, score)
+            self.study.tell(trial, state=TrialState.FAIL)
+            return
+        values, _ = scored
+        for constraint in self.constraints:
+            trial.set_constraint(str(constraint), constraint.violation(result.metrics))
+        self.study.tell(trial, values.tolist() if len(values) > 1 else float(values[0]))
+
+    # -- persistence: some samplers (NSGA-II) hold a thread lock, which neither copies nor pickles ----------
+    def state_dict(self) -> dict[str, Any]:
+        with _locks_set_aside(self.study.sampler) as locks:
+            state = super().state_dict()
+        state["sampler_locks"] = locks
+        return state
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        state = dict(state)
+        locks = state.pop("sampler_locks", {})
+        super().load_state_dict(state)
+        for name, make_lock in locks.items():
+            setattr(self.study.sampler, name, make_lock())
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"space": self.space, "state": self.state_dict()}
+
+    def __setstate__(self, saved: dict[str, Any]) -> None:
+        self.space, self.rng = saved["space"], np.random.default_rng()
+        self.load_state_dict(saved["state"])
+
+
+@contextmanager
+def _locks_set_aside(sampler: Any) -> Iterator[dict[str, Callable[[], Any]]]:
+    """Within the block, the sampler's attributes that hold a lock are None; yields {name: lock factory}."""
+    locks = {k: v for k, v in vars(sampler).items() if type(v) in _LOCK_TYPES}
+    for name in locks:
+        setattr(sampler, name, None)
+    try:
+        yield {name: _LOCK_TYPES[type(lock)] for name, lock in locks.items()}
+    finally:
+        for name, lock in locks.items():
+            setattr(sampler, name, lock)
 
 
 def _suggest(space: Space, trial: optuna.Trial, prefix: str) -> Config:
