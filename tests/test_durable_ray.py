@@ -30,7 +30,8 @@ from nasplat import Trainer
 
 
 class Member(Trainer):
-    """SGD on a fixed noisy regression problem (loss floor ~0.01); `t` counts the steps trained along the lineage."""
+    """SGD on a fixed noisy regression problem (loss floor ~0.01, reached within the run by the larger learning
+    rates, so that the best of a run hardly depends on timing); `t` counts the steps trained along the lineage."""
 
     def setup(self, config, ctx):
         torch.manual_seed(ctx.seed)
@@ -70,7 +71,7 @@ import nasplat
 from nasplat import Float
 
 if sys.argv[1] == "run":
-    controller = nasplat.PopulationBasedTraining({{"lr": Float(0.003, 0.3, log=True)}}, metric="neg_loss",
+    controller = nasplat.PopulationBasedTraining({{"lr": Float(0.05, 0.45, log=True)}}, metric="neg_loss",
                                                  population_size=4, perturbation_interval={INTERVAL}, seed=11)
     nasplat.run(trainer="pbt_member:Member", controller=controller, executor="ray", concurrency=4, max_trials=4,
                 max_steps={STEPS}, seed=11, storage=sys.argv[2], name="pbt",
@@ -133,6 +134,9 @@ def test_pbt_driver_killed_then_resumed_keeps_each_members_training(ray_session,
         assert new[0]["t"] == t + 1 > 1  # trained on from the checkpoint's state, not from scratch
         dropped = recorded.get((trial_id, step + 1))  # recorded before the kill, dropped, trained again
         assert dropped is None or new[0]["config"] == dropped["config"]  # the member kept its (PBT) config
+    # No training lost: the resumed run ends at least as well as the uninterrupted ones, within their spread (at
+    # least 5% of the loss floor). It may end better: PBT's in-memory snapshots do not survive the driver, so after
+    # the resume its exploits copy donors' current states, and its trajectory differs from the uninterrupted runs'.
     low, high = min(uninterrupted), max(uninterrupted)
-    margin = max(high - low, 0.05 * abs(low))  # the runs' spread (at least 5% of the loss floor)
-    assert low - margin <= _best(rows) <= high + margin, (uninterrupted, _best(rows))
+    margin = max(high - low, 0.05 * abs(low))
+    assert _best(rows) >= low - margin, (uninterrupted, _best(rows))

@@ -67,14 +67,16 @@ def lost_donor(cluster, workers):
     executor.open(Counted, "donor", Storage(STORAGE / "donor-checkpoints"))
     executor.launch(0, {"x": 0.1}, seed=0)
     executor.launch(1, {"x": 0.5}, seed=1)
-    events = []
+    events, taken = [], set()
     def next_step(trial_id):
+        \"\"\"The trial's next step event not yet taken: from those seen, else by waiting.\"\"\"
         while True:
-            for event in executor.wait():
-                events.append(event)
-                if event.trial_id == trial_id and (event.metrics or event.error):
+            for index, event in enumerate(events):
+                if index not in taken and event.trial_id == trial_id and (event.metrics or event.error):
                     assert event.error is None, event.error
+                    taken.add(index)
                     return event.metrics
+            events.extend(executor.wait())
     receiver = next_step(0)
     next_step(1)
     executor.step(1)
