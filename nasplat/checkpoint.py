@@ -1,10 +1,28 @@
-"""When to checkpoint trainer states and which checkpoints to keep."""
+"""Trainer checkpoints: when to write them and which to keep (`CheckpointPolicy`), their files, and the writer.
+
+A checkpoint of trial `t` at step `k` is the folder `checkpoints/trial-<t>/step-<k>/` of the experiment's storage,
+holding `state.pt` (the trainer's `state_dict`, `torch.save`d) and `manifest.json` (trial, step, config, bytes,
+time), written last: a checkpoint is complete iff its manifest exists, so a reader never sees half of one.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import copy
+import io
+import json
+import os
+import sys
+import threading
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
+from pathlib import Path
 from typing import Any
+
+from nasplat.executors.base import Checkpoint
+from nasplat.storage import Storage, fsync_dir, json_default
 
 
 @dataclass(frozen=True)
@@ -52,3 +70,195 @@ class CheckpointPolicy:
         """Whether the state after `step` is checkpointed."""
         return bool((self.every is not None and step % self.every == 0) or (self.at_perturbation and perturbation)
                     or (self.at_end and ending))
+
+
+# -- checkpoint files ---------------------------------------------------------------------------------------------
+STATE_FILE, MANIFEST_FILE = "state.pt", "manifest.json"
+WRITER_NICE = 10  # the writer thread's niceness, relative to nothing: it only ever lowers its priority
+
+
+def checkpoint_name(trial_id: int, step: int) -> str:
+    """Where trial `trial_id`'s checkpoint of step `step` lies inside the checkpoints folder."""
+    return f"trial-{trial_id}/step-{step}"
+
+
+def copy_state(state: Any, into: Any = None) -> Any:
+    """`state` with every torch tensor replaced by a detached CPU copy (other leaves deep-copied): safe from the
+    trainer's next step. Where `into` (an earlier copy nobody uses any more, walked alongside) has a tensor of the
+    same shape and dtype, the copy goes into it: memory already paged in copies several times faster."""
+    torch = sys.modules.get("torch")
+    if torch is None:  # a trainer that never imported torch has no tensors
+        return copy.deepcopy(state)
+    if isinstance(state, torch.Tensor):
+        if (isinstance(into, torch.Tensor) and into.shape == state.shape and into.dtype == state.dtype
+                and into.device.type == "cpu" and not state.is_sparse):
+            with torch.no_grad():
+                return into.copy_(state.detach())
+        return state.detach().to("cpu", copy=True)
+    if isinstance(state, dict):
+        others = into if isinstance(into, dict) else {}
+        return type(state)((key, copy_state(value, others.get(key))) for key, value in state.items())
+    if isinstance(state, (list, tuple)) and not hasattr(state, "_fields"):
+        others = into if isinstance(into, (list, tuple)) and len(into) == len(state) else [None] * len(state)
+        items = [copy_state(value, other) for value, other in zip(state, others)]
+        return items if isinstance(state, list) else tuple(items)
+    return copy.deepcopy(state)
+
+
+def write_checkpoint(storage: Storage, trial_id: int, step: int, state: Any, config: Any = None) -> Checkpoint:
+    """`torch.save` `state` straight into `storage` as trial `trial_id`'s checkpoint of step `step`: the state
+    first, then the manifest (trial, step, config, bytes, time), which marks the checkpoint complete."""
+    import torch
+
+    name = checkpoint_name(trial_id, step)
+    size = _stream(storage, f"{name}/{STATE_FILE}", lambda out: torch.save(state, out))
+    manifest = {"trial_id": trial_id, "step": step, "config": config, "bytes": size, "time": time.time()}
+    storage.write(f"{name}/{MANIFEST_FILE}", json.dumps(manifest, default=json_default).encode("utf-8"))
+    return Checkpoint(trial_id, step, storage.uri(name))
+
+
+def _stream(storage: Storage, name: str, fill: Callable[[Any], None]) -> int:
+    """Write the file `name` of `storage` by handing an open output stream to `fill` (no copy of the bytes in
+    memory); atomically: a local file through a temp file, fsync and rename, an object through one put. Returns
+    its size."""
+    if not storage.local:
+        with storage.fs.open_output_stream(storage.path(name)) as out:
+            fill(out)
+            return out.tell()
+    path = Path(storage.path(name))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}.tmp")
+    try:
+        with open(tmp, "wb") as out:
+            fill(out)
+            size = out.tell()
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    fsync_dir(path.parent)
+    return size
+
+
+def load_checkpoint(uri: str) -> Any:
+    """The trainer state of the complete checkpoint at `uri` (a path or URI). Checkpoints are pickles: load only
+    those you trust."""
+    import torch
+
+    folder = Storage(uri)
+    if not folder.exists(MANIFEST_FILE):
+        raise FileNotFoundError(f"{uri} is not a complete checkpoint (no {MANIFEST_FILE} in it)")
+    return torch.load(io.BytesIO(folder.read(STATE_FILE)), map_location="cpu", weights_only=False)
+
+
+def read_manifest(uri: str) -> dict[str, Any]:
+    """The manifest of the checkpoint at `uri`."""
+    return json.loads(Storage(uri).read(MANIFEST_FILE))
+
+
+def list_checkpoints(storage: Storage, trial_id: int) -> list[Checkpoint]:
+    """The complete checkpoints of trial `trial_id` in `storage`, by step (a write cut short has no manifest)."""
+    found = []
+    for entry in storage.list(f"trial-{trial_id}"):
+        prefix, _, step = entry.partition("-")
+        if prefix == "step" and step.isdigit() and storage.exists(f"trial-{trial_id}/{entry}/{MANIFEST_FILE}"):
+            found.append(Checkpoint(trial_id, int(step), storage.uri(checkpoint_name(trial_id, int(step)))))
+    return sorted(found, key=lambda c: c.step)
+
+
+class CheckpointWriter:
+    """Writes checkpoints to `storage` off the training path: `submit` queues a copied state, a thread serialises
+    and writes it, `collect` returns the finished writes (durable or failed), each once. Where writes fall behind
+    the steps, `supersede` takes back a trial's queued write for its newer state (the latest wins, memory stays
+    bounded, the training never waits). Without `background` the write happens inside `submit`."""
+
+    def __init__(self, storage: Storage, *, background: bool = True) -> None:
+        self.storage = storage
+        self.done: list[Checkpoint] = []
+        self.jobs: deque[tuple[Any, ...]] = deque()  # queued, not started: (trial, step, state, config, release)
+        self.writing, self.closed = 0, False
+        self.condition = threading.Condition()
+        self.thread: threading.Thread | None = None
+        if background:
+            self.thread = threading.Thread(target=self._run, name="nasplat-checkpoint-writer", daemon=True)
+            self.thread.start()
+
+    def submit(self, trial_id: int, step: int, state: Any, config: Any = None,
+               release: Callable[[Any], None] | None = None) -> None:
+        """Write `state` (already a copy the caller no longer touches) as trial `trial_id`'s checkpoint of `step`;
+        then hand `state` to `release` (its memory may be reused)."""
+        with self.condition:
+            if self.thread is None:
+                self.writing += 1
+            else:
+                self.jobs.append((trial_id, step, state, config, release))
+                self.condition.notify_all()
+        if self.thread is None:
+            self._write(trial_id, step, state, config, release)
+
+    def supersede(self, trial_id: int) -> Any:
+        """Take back trial `trial_id`'s queued write, not yet started (reported failed: a newer checkpoint of the
+        trial replaces it); returns its state, whose memory the newer copy may reuse, or None if there is none."""
+        with self.condition:
+            for job in self.jobs:
+                if job[0] == trial_id:
+                    self.jobs.remove(job)
+                    self.done.append(Checkpoint(trial_id, job[1], None, "superseded: the trial's next checkpoint "
+                                                "came before this one could be written"))
+                    self.condition.notify_all()
+                    return job[2]
+        return None
+
+    def fail(self, trial_id: int, step: int, error: str) -> None:
+        """Report the save of trial `trial_id`'s step `step` as failed with `error` (its state could not be had)."""
+        with self.condition:
+            self.done.append(Checkpoint(trial_id, step, None, error))
+            self.condition.notify_all()
+
+    def _run(self) -> None:
+        try:  # background work: where CPUs are short, the training thread goes first (Linux: a thread's own nice)
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), WRITER_NICE)
+        except (AttributeError, OSError):
+            pass
+        while True:
+            with self.condition:
+                self.condition.wait_for(lambda: self.jobs or self.closed)
+                if not self.jobs:
+                    return
+                job = self.jobs.popleft()
+                self.writing += 1
+            self._write(*job)
+
+    def _write(self, trial_id: int, step: int, state: Any, config: Any,
+               release: Callable[[Any], None] | None) -> None:
+        try:
+            result = write_checkpoint(self.storage, trial_id, step, state, config)
+        except Exception as exc:  # reported to the engine; the trial goes on
+            result = Checkpoint(trial_id, step, None, f"{type(exc).__name__}: {exc}")
+        if release is not None:
+            release(state)
+        with self.condition:
+            self.done.append(result)
+            self.writing -= 1
+            self.condition.notify_all()
+
+    def collect(self, trial_id: int | None = None, *, wait: bool = False) -> list[Checkpoint]:
+        """The finished writes (of `trial_id` only, if given) not yet collected; with `wait`, first wait until no
+        write is queued or going on."""
+        with self.condition:
+            if wait:
+                self.condition.wait_for(lambda: not self.jobs and self.writing == 0)
+            taken = [c for c in self.done if trial_id is None or c.trial_id == trial_id]
+            self.done = [c for c in self.done if not (trial_id is None or c.trial_id == trial_id)]
+        return taken
+
+    def close(self) -> None:
+        """Finish the queued writes and end the thread."""
+        if self.thread is not None:
+            with self.condition:
+                self.closed = True
+                self.condition.notify_all()
+            self.thread.join()
+            self.thread = None

@@ -109,17 +109,47 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_export(args: argparse.Namespace) -> int:
-    from nasplat.integrations.tables import export_rows
-
-    print(f"exported: {export_rows(args.folder, args.format, args.output)}")
-    return 0
-
-
 def cmd_report(args: argparse.Namespace) -> int:
     from nasplat.report import build_report
 
     print(f"report: {build_report(args.folder)}")
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    """`--format parquet|csv`: the rows as a table; `pt` (the default with `--trial` or `--step`): a trial's weights."""
+    fmt = args.format or ("pt" if args.trial is not None or args.step is not None else "parquet")
+    if fmt != "pt":
+        if args.trial is not None or args.step is not None:
+            raise ValueError(f"--trial and --step choose a checkpoint: they need --format pt, got --format {fmt}")
+        from nasplat.integrations.tables import export_rows
+
+        print(f"exported: {export_rows(args.folder, fmt, args.output)}")
+        return 0
+    return _export_weights(args)
+
+
+def _export_weights(args: argparse.Namespace) -> int:
+    """Write a trial's trained state with its config, step and metrics into one file plain `torch.load` reads."""
+    import torch
+
+    result = ExperimentResult.load(args.folder)
+    try:
+        checkpoint = result.find_checkpoint(args.trial, args.step)
+    except LookupError as exc:
+        raise ValueError(str(exc)) from None
+    row = next((r for r in result.rows if r["trial_id"] == checkpoint.trial_id and r["step"] == checkpoint.step
+                and r.get("status") not in ("failed", "retried")), {})
+    from nasplat.checkpoint import load_checkpoint
+    from nasplat.results import RESERVED
+
+    exported = {"config": row.get("config"), "state_dict": load_checkpoint(checkpoint.uri),
+                "trial_id": checkpoint.trial_id, "step": checkpoint.step,
+                "metrics": {k: v for k, v in row.items() if k not in RESERVED}}
+    output = Path(args.output or f"trial-{checkpoint.trial_id}-step-{checkpoint.step}.pt")
+    torch.save(exported, output)
+    print(f"exported trial {checkpoint.trial_id} at step {checkpoint.step} ({result.metric}="
+          f"{row.get(result.metric)}) to {output}")
     return 0
 
 
@@ -162,10 +192,15 @@ def parser() -> argparse.ArgumentParser:
                         help="also print each decision's importance (Optuna's fANOVA, or PED-ANOVA)")
     status.set_defaults(func=cmd_status)
     export = sub.add_parser("export", parents=[debug],
-                            help="write the experiment's rows as a table, one column per decision")
+                            help="write the rows as a table, or a trial's trained weights and config")
     export.add_argument("folder")
-    export.add_argument("--format", choices=["parquet", "csv"], default="parquet")
-    export.add_argument("-o", "--output", help="the file to write (default: <folder>/results.<format>)")
+    export.add_argument("--trial", type=int, help="the trial to export (default: the best)")
+    export.add_argument("--step", type=int, help="its latest checkpoint at or before this step (default: latest)")
+    export.add_argument("-o", "--output", help="the file to write (default: <folder>/results.<format> for rows, "
+                        "trial-<id>-step-<k>.pt here for weights)")
+    export.add_argument("--format", choices=["parquet", "csv", "pt"],
+                        help="parquet (default) or csv: the rows, one column per decision; pt (the default with "
+                        "--trial or --step): {config, state_dict, trial_id, step, metrics} for torch.load")
     export.set_defaults(func=cmd_export)
     report = sub.add_parser("report", parents=[debug],
                             help="write a self-contained HTML report into the experiment folder")

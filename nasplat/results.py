@@ -8,7 +8,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from nasplat import pareto
-from nasplat.storage import META_FILE, ROWS_FILE, Storage, is_uri, local_copy, read_json, read_rows
+from nasplat.checkpoint import MANIFEST_FILE, checkpoint_name, load_checkpoint
+from nasplat.executors.base import Checkpoint
+from nasplat.storage import CHECKPOINTS, META_FILE, ROWS_FILE, Storage, is_uri, local_copy, read_json, read_rows
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -102,6 +104,42 @@ class ExperimentResult:
         ranked = self.ranked()
         return ranked[0] if ranked else None
 
+    @property
+    def checkpoint(self) -> Checkpoint | None:
+        """The best trial's latest checkpoint still in storage (what `load_state()` loads), or None."""
+        try:
+            return self.find_checkpoint()
+        except LookupError:
+            return None
+
+    def find_checkpoint(self, trial_id: int | None = None, step: int | None = None) -> Checkpoint:
+        """The latest checkpoint of trial `trial_id` (default: the best trial) at or before `step` (default: any)
+        that is still in storage; raises `LookupError` naming what was looked for if there is none."""
+        if trial_id is None:
+            if self.best is None:
+                raise LookupError("no trial reported a finite metric, so there is no best trial to load")
+            trial_id = self.best["trial_id"]
+        recorded = sorted({(row["step"], row["checkpoint"]) for row in self.rows if row.get("trial_id") == trial_id
+                           and row.get("checkpoint") and (step is None or row["step"] <= step)}, reverse=True)
+        for found_step, uri in recorded:
+            for location in self._locations(trial_id, found_step, uri):
+                if _complete(location):
+                    return Checkpoint(trial_id, found_step, location)
+        where = f"at or before step {step}" if step is not None else "at any step"
+        raise LookupError(f"trial {trial_id} has no checkpoint {where} in storage (rows name "
+                          f"{len(recorded)}; the rest were never written or deleted by `keep_best`); run with "
+                          "`checkpoint:` set to keep trained states")
+
+    def _locations(self, trial_id: int, step: int, uri: str) -> list[str]:
+        """Where a recorded checkpoint may be: as recorded, or beside this copy of the folder (moved, downloaded)."""
+        beside = [str(self.path / CHECKPOINTS / checkpoint_name(trial_id, step))] if self.path is not None else []
+        return [uri, *[b for b in beside if b != uri]]
+
+    def load_state(self, trial_id: int | None = None, step: int | None = None) -> Any:
+        """The trainer state (`state_dict`) of trial `trial_id` (default: the best) from its latest checkpoint at
+        or before `step` (default: its latest)."""
+        return load_checkpoint(self.find_checkpoint(trial_id, step).uri)
+
     def final_status(self) -> dict[int, str]:
         """Each trial's status after its latest row."""
         return {row["trial_id"]: row.get("status", "running") for row in self.rows}
@@ -112,6 +150,14 @@ class ExperimentResult:
         for status in self.final_status().values():
             out[status] = out.get(status, 0) + 1
         return out
+
+
+def _complete(location: str) -> bool:
+    """Whether a complete checkpoint lies at `location` (an unreachable one counts as absent)."""
+    try:
+        return Storage(location).exists(MANIFEST_FILE)
+    except (OSError, ValueError):
+        return False
 
 
 def flat_config(config: Any, prefix: str = "config.") -> dict[str, Any]:

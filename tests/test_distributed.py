@@ -207,13 +207,13 @@ def test_rendezvous_port_is_held_by_rank_0s_store_from_the_moment_it_is_chosen()
 
 def test_parameter_server_bounds_staleness_and_restores_its_snapshot(tmp_path):
     """The server class without Ray: rank 0 may lead rank 1 by `max_staleness` pushes, no more; a rank between
-    steps holds nobody back; a new server on the same snapshot path resumes the shard."""
+    steps holds nobody back; a new server on the same snapshot folder resumes the shard."""
     import asyncio
 
     from nasplat.distributed.parameter_server import ParameterServer
 
     async def scenario() -> None:
-        server = ParameterServer(0, str(tmp_path / "shard-0.pkl"))
+        server = ParameterServer(0, str(tmp_path))
         spec = {"generation": (1, 1), "world_size": 2, "indices": [0], "groups": [0], "shapes": [(3,)],
                 "optimizer_cls": torch.optim.SGD, "defaults": {"lr": 0.1}, "hparams": [{"lr": 0.1}],
                 "max_staleness": 1, "snapshot_every": 1}
@@ -234,7 +234,7 @@ def test_parameter_server_bounds_staleness_and_restores_its_snapshot(tmp_path):
         assert not fourth.done()
         await server.rest((1, 1), 1)  # rank 1 finished its trainer step: nobody waits for it
         await asyncio.wait_for(fourth, 1.0)
-        restored = ParameterServer(0, str(tmp_path / "shard-0.pkl"))
+        restored = ParameterServer(0, str(tmp_path))
         assert restored.restored and restored.clocks == [4, 2] and restored.updates == 6
         assert np.allclose(restored.weights(), -0.6)
         with pytest.raises(RuntimeError, match=r"older generation \(0, 1\)"):

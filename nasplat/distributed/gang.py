@@ -12,8 +12,8 @@ import functools
 import os
 import socket
 import sys
-import tempfile
 import time
+import traceback
 import uuid
 from collections.abc import Mapping
 from typing import Any
@@ -24,18 +24,35 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, Place
 
 from nasplat.distributed.context import (GROUP_BACKENDS, DistributedContext, check_backend, check_options,
                                          make_backend, rank_seed, worker_device)
-from nasplat.distributed.packing import pack, unpack
+from nasplat.executors.base import Checkpoint
 from nasplat.space import Config
-from nasplat.trainer import Trainer, start
+from nasplat.storage import Storage, scratch_folder
+from nasplat.trainer import Trainer
 
 STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
 
 
+SAVED = "nasplat.saved"  # rank 0's metrics carry the checkpoints finished since its last call under this key
+
+
+class TrialFailed(Exception):
+    """A trainer raised; carries the checkpoints the worker finished writing before it gave up (`saved`)."""
+
+    def __init__(self, message: str, saved: list[Checkpoint]) -> None:
+        super().__init__(message)
+        self.saved = saved
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return TrialFailed, (self.args[0], self.saved)
+
+
 class Worker:
-    """One rank of a gang: hosts the trainer of whichever trial the gang runs now."""
+    """One rank of a gang: hosts the trainer of whichever trial the gang runs now (a `TrialHost`). Rank 0 writes
+    the trial's checkpoints to `checkpoints` (a folder or URI; None: no checkpoints) with a writer thread."""
 
     def __init__(self, trainer_cls: type, rank: int, world_size: int, label: str, backend: str = "allreduce",
-                 options: Mapping[str, Any] | None = None, device: str = "cpu", threads: int = 1) -> None:
+                 options: Mapping[str, Any] | None = None, device: str = "cpu", threads: int = 1,
+                 checkpoints: str | None = None) -> None:
         self.trainer_cls, self.rank, self.world_size, self.label = trainer_cls, rank, world_size, label
         self.backend = backend
         os.environ["OMP_NUM_THREADS"] = str(threads)
@@ -44,7 +61,9 @@ class Worker:
         # One CPU worker needs no torch device; the distributed backends do.
         self.device = worker_device(device) if world_size > 1 or device != "cpu" else "cpu"
         self.impl = make_backend(backend, rank, world_size, self.device, options)
-        self.trainer: Trainer | None = None
+        from nasplat.executors.host import TrialHost  # here: the host imports this package (packing)
+
+        self.host = TrialHost.for_storage(trainer_cls, checkpoints if rank == 0 else None)
         self.trial_id = -1
         self.group_uid, self.group_inits = "", 0
         self.store: Any = None  # rank 0: the process group's TCPStore, hosted from `rendezvous` on
@@ -53,6 +72,10 @@ class Worker:
         # getattr: Ray also calls this when __init__ failed half-way, to name the actor in the error
         label, trial_id, rank = (getattr(self, k, "?") for k in ("label", "trial_id", "rank"))
         return f"{label}/trial-{trial_id}/rank-{rank}"
+
+    @property
+    def trainer(self) -> Trainer | None:
+        return self.host.trainer
 
     def info(self) -> tuple[str, int]:
         return socket.gethostname(), os.getpid()
@@ -86,41 +109,58 @@ class Worker:
 
     def launch(self, trial_id: int, config: Config, seed: int, state: Any = None, epoch: int = 0,
                inherit: bool = False) -> dict[str, Any]:
-        self.trial_id, self.trainer = trial_id, None  # drop the previous trial's trainer (and its DDP wrapper)
+        """Build trial `trial_id`'s trainer, load `state` (packed, a `Checkpoint`, or `[ObjectRef]`), step."""
+        self.trial_id = trial_id
         self.impl.begin(epoch, new_trial=True)
         ctx = DistributedContext(trial_id=trial_id, rank=self.rank, world_size=self.world_size,
                                  seed=rank_seed(seed, self.rank), device=str(self.device), backend=self.backend,
                                  impl=self.impl)
-        self.trainer = start(self.trainer_cls(), config, ctx)
+        self._guard(lambda: self.host.build(trial_id, config, ctx, state, inherit))
         if state is not None:
-            if inherit:
-                self.trainer.inherit_state(unpack(state))
-            else:
-                self._load(state)
             self.impl.on_load()
         return self.step()
 
-    def step(self) -> dict[str, Any]:
-        metrics = dict(self.trainer.step())
+    def step(self, save: int | None = None) -> dict[str, Any]:
+        """One trainer step (after checkpointing the state as step `save`, if given)."""
+        if save is not None:
+            self.host.save(save)
+        metrics = self._guard(self.host.step)
         metrics.update(self.impl.end_step())  # every rank takes part; rank 0's copy speaks for the trial
+        saved = self.host.saved()
+        if saved:
+            metrics[SAVED] = saved
         return metrics
 
-    def exploit(self, state: dict[str, Any], config: Config, epoch: int = 0) -> dict[str, Any]:
-        """Load the donor's state on this rank, put `config` in effect, step; the actor and its group stay."""
+    def exploit(self, state: Any, config: Config, epoch: int = 0, save: int | None = None,
+                fallback: Checkpoint | None = None) -> dict[str, Any]:
+        """Load the donor's state on this rank (`fallback` where the donor's object is lost), put `config` in
+        effect, (checkpoint it as step `save,`) step; the actor and its group stay."""
         self.impl.begin(epoch, new_trial=False)
-        self._load(state)
-        self.trainer.config = config
-        self.trainer.update_config(config)
+        self._guard(lambda: self.host.exploit(state, config, fallback))
         self.impl.on_load()
-        return self.step()
+        return self.step(save)
 
-    def _load(self, state: Any) -> None:
-        """Load a packed state, copying its tensors straight into the trainer's current ones where they match."""
-        self.trainer.load_state_dict(unpack(state, into=self.trainer.state_dict()))
+    def _guard(self, action: Any) -> Any:
+        """Run `action`; if the trainer raises, wait for this rank's checkpoint writes and raise `TrialFailed`
+        carrying them (none of them goes unreported), else re-raise as it is."""
+        try:
+            return action()
+        except Exception as exc:
+            saved = self.host.saved(wait=True)
+            if not saved:
+                raise
+            raise TrialFailed(traceback.format_exc(), saved) from exc
+
+    def finish(self, save: int | None = None) -> list[Checkpoint]:
+        """At a trial's end: checkpoint its final state as step `save` (if given), wait for every write of the
+        trial and return the checkpoints not yet reported."""
+        if save is not None:
+            self.host.save(save)
+        return self.host.saved(wait=True)
 
     def state(self) -> Any:
         """The trainer's state, packed for the object store (see `nasplat.distributed.packing`)."""
-        return pack(self.trainer.state_dict())
+        return self.host.state()
 
 
 @functools.cache
@@ -140,7 +180,7 @@ class Gang:
 
     def __init__(self, trainer_cls: type, *, workers: int = 1, backend: str = "allreduce", cpus_per_worker: float = 1.0,
                  gpus_per_worker: float = 0.0, strategy: str = "PACK", label: str = "nasplat",
-                 backend_options: Mapping[str, Any] | None = None) -> None:
+                 backend_options: Mapping[str, Any] | None = None, checkpoints: str | None = None) -> None:
         begin = time.perf_counter()
         if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
             raise ValueError(f"`workers` must be an integer >= 1, got {workers=!r}")
@@ -150,6 +190,7 @@ class Gang:
             raise ValueError(f"need cpus_per_worker > 0 and gpus_per_worker >= 0, got {cpus_per_worker=}, "
                              f"{gpus_per_worker=}")
         self.workers, self.backend, self.label = workers, check_backend(backend), label
+        self.checkpoints = checkpoints
         self.options = check_options(backend, backend_options)
         self.device = "cuda" if gpus_per_worker > 0 else "cpu"
         self.group = None
@@ -162,7 +203,7 @@ class Gang:
                 actor.options(num_cpus=cpus_per_worker, num_gpus=gpus_per_worker, name=f"{label}/rank-{rank}",
                               scheduling_strategy=self._placement(rank)).remote(
                     trainer_cls, rank, workers, label, backend, self.options, self.device,
-                    max(1, int(cpus_per_worker)))
+                    max(1, int(cpus_per_worker)), checkpoints)
                 for rank in range(workers)
             ]
         except Exception:  # e.g. the label's actor names are taken: give the reservation back
@@ -204,15 +245,18 @@ class Gang:
 
     def _start_servers(self) -> None:
         """`num_servers` parameter servers on rank 0's node (no CPU reserved: they mostly wait), restarted by Ray
-        after a failure; each snapshots to that node's temporary folder."""
+        after a failure; each snapshots into the experiment's checkpoint storage (`ps/<gang>/shard-<i>.pkl`), or
+        into a scratch folder on that node without one."""
         from nasplat.distributed.parameter_server import ParameterServer
 
         server = ray.remote(ParameterServer)
         placement = NodeAffinitySchedulingStrategy(self.node_id, soft=False)
-        folder = os.path.join(tempfile.gettempdir(), "nasplat-ps", uuid.uuid4().hex)
+        gang = uuid.uuid4().hex
+        folder = (Storage(self.checkpoints).uri(f"ps/{gang}") if self.checkpoints
+                  else str(scratch_folder(f"nasplat-ps-{gang[:8]}-")))
         self.servers = [server.options(num_cpus=0, max_restarts=-1, max_task_retries=0, scheduling_strategy=placement,
                                        name=f"{self.label}/ps-{index}").remote(
-                            index, os.path.join(folder, f"shard-{index}.pkl"))
+                            index, folder)
                         for index in range(self.options["num_servers"])]
         ray.get([s.info.remote() for s in self.servers])
         ray.get([a.attach.remote(self.servers) for a in self.actors])
@@ -229,13 +273,22 @@ class Gang:
         self._epoch += 1
         return [a.launch.remote(trial_id, config, seed, state, self._epoch, inherit) for a in self.actors]
 
-    def step(self) -> list[ray.ObjectRef]:
-        return [a.step.remote() for a in self.actors]
+    def step(self, save: int | None = None) -> list[ray.ObjectRef]:
+        """Step every rank; with `save=k`, rank 0 first checkpoints the trial's state as step k."""
+        return [a.step.remote(save if rank == 0 else None) for rank, a in enumerate(self.actors)]
 
-    def exploit(self, state: Any, config: Config) -> list[ray.ObjectRef]:
-        """Load `state` (a state dict or an ObjectRef to one) on every rank, put `config` in effect, step."""
+    def exploit(self, state: Any, config: Config, save: int | None = None,
+                fallback: Checkpoint | None = None) -> list[ray.ObjectRef]:
+        """Load `state` (a state dict, a `Checkpoint`, or `[ObjectRef]`: nested, so that each rank resolves it and
+        loads `fallback` where the object is lost) on every rank, put `config` in effect, (save,) step."""
         self._epoch += 1
-        return [a.exploit.remote(state, config, self._epoch) for a in self.actors]
+        return [a.exploit.remote(state, config, self._epoch, save if rank == 0 else None, fallback)
+                for rank, a in enumerate(self.actors)]
+
+    def finish(self, save: int | None = None) -> list[ray.ObjectRef]:
+        """Rank 0 checkpoints the ended trial's state as step `save` (if given) and returns, once written, every
+        checkpoint of the trial it has not reported yet."""
+        return [self.actors[0].finish.remote(save)]
 
     def state(self) -> ray.ObjectRef:
         """Rank 0's trainer state in the object store, packed (`nasplat.distributed.packing.unpack` reads it)."""

@@ -4,9 +4,10 @@ gradients workers push with the trial's own optimizer class and hyperparameters.
 A server is an async Ray actor: a push is applied at once and answered with the shard's new weights; with
 `max_staleness` set, the answer to a worker that leads the slowest working rank by more than that many pushes
 waits until the slowest catches up (stale synchronous parallel; a rank between trainer steps does not hold others
-back). Every `snapshot_every` updates, and whenever a trial (re)initialises it, the server writes a snapshot to its
-node's disk; Ray restarts a dead server with the same arguments and `__init__` resumes from that snapshot, so the
-workers retry their push and the trial goes on (losing at most the updates since the snapshot).
+back). Every `snapshot_every` updates, and whenever a trial (re)initialises it, the server writes a snapshot into
+its folder (in the experiment's checkpoint storage, or a scratch folder on its node); Ray restarts a dead server
+with the same arguments and `__init__` resumes from that snapshot, so the workers retry their push and the trial
+goes on (losing at most the updates since the snapshot).
 """
 
 from __future__ import annotations
@@ -14,14 +15,13 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
-from pathlib import Path
 from typing import Any
 
 import cloudpickle
 import numpy as np
 import torch
 
-from nasplat.storage import write_atomic
+from nasplat.storage import Storage
 
 Generation = tuple[int, int]  # (gang epoch: one per launch/exploit, re-initialisation within it)
 
@@ -54,17 +54,17 @@ class ParameterServer:
     hparams (per param group), max_staleness, snapshot_every.
     """
 
-    def __init__(self, index: int, snapshot_path: str) -> None:
-        self.index, self.path = index, snapshot_path
+    def __init__(self, index: int, folder: str) -> None:
+        """Server `index` of a gang, snapshotting to `folder` (a path or URI) as `shard-<index>.pkl`."""
+        self.index, self.folder, self.name = index, Storage(folder), f"shard-{index}.pkl"
         self.spec: dict[str, Any] = {"generation": (-1, -1)}
         self.params: list[torch.Tensor] = []
         self.clocks: list[int] = []
         self.active: set[int] = set()
         self.updates, self.restored = 0, False
         self.condition = asyncio.Condition()
-        if os.path.exists(self.path):
-            with open(self.path, "rb") as file:
-                snapshot = cloudpickle.load(file)
+        if self.folder.exists(self.name):
+            snapshot = cloudpickle.loads(self.folder.read(self.name))
             self._build(snapshot["spec"], snapshot["weights"])
             self.optimizer.load_state_dict(snapshot["optimizer"])
             self.clocks, self.updates, self.restored = snapshot["clocks"], snapshot["updates"], True
@@ -157,19 +157,13 @@ class ParameterServer:
         return {self.spec["indices"][k]: value for k, value in local.items()}
 
     def snapshot(self) -> None:
-        """Write the shard, optimizer state and clocks to disk, atomically."""
+        """Write the shard, optimizer state and clocks to the folder, atomically."""
         snapshot = {"spec": self.spec, "weights": self.weights(), "optimizer": self.optimizer.state_dict(),
                     "clocks": list(self.clocks), "updates": self.updates}
-        os.makedirs(os.path.dirname(self.path), exist_ok=True)
-        # cloudpickle: the optimizer class may be the user's own
-        write_atomic(Path(self.path), cloudpickle.dumps(snapshot))
+        self.folder.write(self.name, cloudpickle.dumps(snapshot))  # cloudpickle: the optimizer may be the user's own
 
     def close(self) -> None:
-        """Remove the snapshot (the gang is going away)."""
-        for path in (self.path, self.path + ".tmp"):
-            if os.path.exists(path):
-                os.remove(path)
-        try:
-            os.rmdir(os.path.dirname(self.path))  # the gang's folder, once its last server has closed
-        except OSError:
-            pass
+        """Remove the snapshot (the gang is going away), and the gang's folder once its last server has closed."""
+        self.folder.delete(self.name)
+        if not self.folder.list():
+            self.folder.delete("")

@@ -2,77 +2,124 @@
 
 from __future__ import annotations
 
-import copy
 import os
 import socket
 import time
 import traceback
-from collections import deque
+from collections import Counter, deque
 from typing import Any
 
+from nasplat.checkpoint import CheckpointWriter
 from nasplat.executors.base import Checkpoint, Executor, StepEvent
+from nasplat.executors.host import TrialHost
 from nasplat.space import Config
-from nasplat.trainer import Trainer, WorkerContext, start
+from nasplat.storage import Storage
+from nasplat.trainer import WorkerContext
 
 
 class LocalExecutor(Executor):
-    """Runs trials in this process, one step at a time, interleaving up to `concurrency` trials."""
+    """Runs trials in this process, one step at a time, interleaving up to `concurrency` trials. Checkpoints are
+    written by one writer thread while the next steps run."""
+
+    background_writes = True
 
     def __init__(self, concurrency: int = 1) -> None:
         if not isinstance(concurrency, int) or concurrency < 1:
             raise ValueError(f"`concurrency` must be an integer >= 1, got {concurrency=!r}")
         self.concurrency = concurrency
-        self.trainers: dict[int, Trainer] = {}
+        self.hosts: dict[int, TrialHost] = {}
+        self.snapshots: dict[int, Any] = {}  # trial id -> the copy `step(snapshot=True)` took
         self.kept: dict[int, Any] = {}
-        self.queue: deque[int] = deque()
+        self.queue: deque[tuple[str, int]] = deque()  # ("step" | "saves", trial id)
         self.failed_setup: dict[int, str] = {}
-        self.saves: list[Checkpoint] = []  # requested saves not yet reported
+        self.unreported: Counter[int] = Counter()  # trial id -> saves requested and not yet reported
+        self.writer: CheckpointWriter | None = None
         self.node, self.pid = socket.gethostname(), os.getpid()
 
-    def open(self, trainer: type, experiment: str, checkpoints: Any = None) -> None:
-        self.trainer_cls, self.experiment, self.checkpoints = trainer, experiment, checkpoints
+    def open(self, trainer: type, experiment: str, checkpoints: Storage | None = None) -> None:
+        self.trainer_cls, self.experiment = trainer, experiment
+        if checkpoints is not None:
+            self.writer = CheckpointWriter(checkpoints, background=self.background_writes)
         self.t0 = time.perf_counter()
 
     def now(self) -> float:
         return time.perf_counter() - self.t0
 
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+        self.hosts, self.snapshots = {}, {}
+
     def launch(self, trial_id: int, config: Config, seed: int, state: Any = None, inherit: bool = False) -> None:
+        host = self.hosts[trial_id] = TrialHost(self.trainer_cls, self.writer)
+        self.snapshots.pop(trial_id, None)
         try:
-            trainer = start(self.trainer_cls(), config, WorkerContext(trial_id=trial_id, seed=seed))
-            if state is not None:
-                load = trainer.inherit_state if inherit else trainer.load_state_dict
-                load(copy.deepcopy(state))
-            self.trainers[trial_id] = trainer
+            host.build(trial_id, config, WorkerContext(trial_id=trial_id, seed=seed), state, inherit)
         except Exception:
             self.failed_setup[trial_id] = traceback.format_exc()
         self.step(trial_id)
 
     def step(self, trial_id: int, snapshot: bool = False, save: int | None = None) -> None:
-        self._save(trial_id, save)
-        self.queue.append(trial_id)
+        host = self.hosts[trial_id]
+        if trial_id not in self.failed_setup:
+            try:
+                if snapshot:
+                    self.snapshots[trial_id] = host.copy()
+            except Exception:
+                self.failed_setup[trial_id] = traceback.format_exc()
+        if save is not None:
+            self._save(host, save)
+        self._enqueue(trial_id)
 
-    def _save(self, trial_id: int, step: int | None) -> None:
-        if step is not None:
-            self.saves.append(Checkpoint(trial_id, step, None, "this executor does not write checkpoints yet"))
+    def _enqueue(self, trial_id: int) -> None:
+        self.queue.append(("step", trial_id))
+
+    def _save(self, host: TrialHost, step: int) -> None:
+        if self.writer is None:
+            raise RuntimeError("a save was requested from an executor opened without checkpoint storage")
+        self.unreported[host.trial_id] += 1
+        host.save(step)
 
     def exploit(self, trial_id: int, donor_id: int, config: Config, save: int | None = None,
                 fallback: Checkpoint | None = None) -> Any:
-        trainer = self.trainers[trial_id]
-        state = copy.deepcopy(self.trainers[donor_id].state_dict())
+        host = self.hosts[trial_id]
+        state = self.snapshots.get(donor_id)
+        if state is None:
+            donor = self.hosts.get(donor_id)
+            state = donor.copy() if donor is not None and donor.trainer is not None else self.kept.get(donor_id)
+        state = fallback if state is None else state
         try:
-            trainer.load_state_dict(copy.deepcopy(state))
-            trainer.update_config(config)
-            trainer.config = config
+            host.exploit(state, config, fallback)
         except Exception:
             self.failed_setup[trial_id] = traceback.format_exc()
-        self.step(trial_id, save=save)
+        self.snapshots.pop(trial_id, None)
+        if save is not None:
+            self._save(host, save)
+        self._enqueue(trial_id)
         return state
 
     def stop(self, trial_id: int, keep_state: bool = False, save: int | None = None) -> None:
-        self._save(trial_id, save)
-        trainer = self.trainers.pop(trial_id, None)
-        if keep_state and trainer is not None:
-            self.kept[trial_id] = copy.deepcopy(trainer.state_dict())
+        host = self.hosts.pop(trial_id, None)
+        self.snapshots.pop(trial_id, None)
+        if host is None:
+            return
+        if keep_state and host.trainer is not None:
+            self.kept[trial_id] = host.copy()
+        if save is not None:
+            self._save(host, save)
+        if self.unreported[trial_id]:
+            self._report_saves(trial_id)
+
+    def _report_saves(self, trial_id: int) -> None:
+        """Make a later `wait` report the ended trial's outstanding saves."""
+        self.queue.append(("saves", trial_id))
+
+    def _saved(self, trial_id: int, *, wait: bool) -> tuple[Checkpoint, ...]:
+        if self.writer is None:
+            return ()
+        saved = tuple(self.writer.collect(trial_id, wait=wait))
+        self.unreported[trial_id] -= len(saved)
+        return saved
 
     def run_step(self, trial_id: int) -> StepEvent:
         begin = self.now()
@@ -80,16 +127,18 @@ class LocalExecutor(Executor):
         metrics = None
         if error is None:
             try:
-                metrics = dict(self.trainers[trial_id].step())
+                metrics = self.hosts[trial_id].step()
             except Exception:
                 error = traceback.format_exc()
-        return StepEvent(trial_id, metrics, error, begin, self.now(), self.node, self.pid)
+        saved = self._saved(trial_id, wait=error is not None)  # a failed attempt reports all it saved
+        return StepEvent(trial_id, metrics, error, begin, self.now(), self.node, self.pid, saved)
 
     def wait(self) -> list[StepEvent]:
-        if self.saves:
-            saves, self.saves = self.saves, []
-            return [StepEvent(c.trial_id, None, None, self.now(), self.now(), saved=(c,)) for c in saves]
         if not self.queue:
             raise RuntimeError("wait() called with no step running")
-        return [self.run_step(self.queue.popleft())]
-
+        kind, trial_id = self.queue.popleft()
+        if kind == "saves":
+            now = self.now()
+            return [StepEvent(trial_id, None, None, now, now, self.node, self.pid,
+                              self._saved(trial_id, wait=True))]
+        return [self.run_step(trial_id)]

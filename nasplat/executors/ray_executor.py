@@ -12,16 +12,10 @@ from typing import Any
 import ray
 import ray.cloudpickle
 
-from nasplat.distributed.gang import Gang
+from nasplat.distributed.gang import SAVED, Gang
 from nasplat.executors.base import Checkpoint, Executor, StepEvent
 from nasplat.space import Config
-
-
-@dataclass
-class _Step:
-    trial_id: int
-    refs: list[ray.ObjectRef]
-    start: float
+from nasplat.storage import Storage
 
 
 @dataclass
@@ -32,6 +26,18 @@ class _Slot:
     pid: int = 0
     healthy: bool = True
     snapshot: ray.ObjectRef | None = None  # the running trial's latest state snapshot
+    finishing: int = 0  # calls in flight that report an ended trial's saves (an idle gang still busy writing)
+
+
+@dataclass
+class _Call:
+    """A call in flight on a gang: a step (launch, step, exploit) or, at a trial's end, its outstanding saves."""
+
+    trial_id: int
+    refs: list[ray.ObjectRef]
+    start: float
+    slot: _Slot
+    saves_only: bool = False
 
 
 class RayExecutor(Executor):
@@ -64,17 +70,20 @@ class RayExecutor(Executor):
         self.idle: list[_Slot] = []
         self.kept: dict[int, Any] = {}
         self.busy: dict[int, _Slot] = {}
-        self.inflight: dict[ray.ObjectRef, _Step] = {}
+        self.inflight: dict[ray.ObjectRef, _Call] = {}
+        self.requested: dict[int, list[int]] = {}  # trial id -> steps whose save is not reported yet
+        self.lost: list[StepEvent] = []  # saves that died with their worker, reported by the next `wait`
+        self.checkpoints: str | None = None
         self.gangs_started = 0
 
     # -- lifecycle ---------------------------------------------------------------------------------
-    def open(self, trainer: type, experiment: str, checkpoints: Any = None) -> None:
+    def open(self, trainer: type, experiment: str, checkpoints: Storage | None = None) -> None:
         if not ray.is_initialized():
             address = self.address or os.environ.get("RAY_ADDRESS")
             ray.init(address=address, **self.init_options)
         _ship_by_value(trainer)
-        self.trainer_cls, self.experiment, self.checkpoints = trainer, experiment, checkpoints
-        self.saves: list[Checkpoint] = []
+        self.trainer_cls, self.experiment = trainer, experiment
+        self.checkpoints = checkpoints.location if checkpoints is not None else None  # workers write there
         if self.requested_concurrency is None:
             cpus = ray.cluster_resources().get("CPU", 1)
             per_trial = self.gang_options["cpus_per_worker"] * self.gang_options["workers"]
@@ -94,7 +103,7 @@ class RayExecutor(Executor):
     def close(self) -> None:
         for slot in self.idle + list(self.busy.values()):
             slot.gang.kill()
-        self.idle, self.busy, self.inflight, self.kept = [], {}, {}, {}
+        self.idle, self.busy, self.inflight, self.kept, self.lost = [], {}, {}, {}, []
 
     def _slot(self) -> _Slot:
         return self.idle.pop() if self.idle else self._new_slot()
@@ -102,85 +111,131 @@ class RayExecutor(Executor):
     def _new_slot(self) -> _Slot:
         label = f"nasplat/{self.experiment}/gang-{self.gangs_started}"
         self.gangs_started += 1
-        gang = Gang(self.trainer_cls, label=label, **self.gang_options)
+        gang = Gang(self.trainer_cls, label=label, checkpoints=self.checkpoints, **self.gang_options)
         return _Slot(gang, info=gang.actors[0].info.remote())
 
     # -- trials ------------------------------------------------------------------------------------
     def launch(self, trial_id: int, config: Config, seed: int, state: Any = None, inherit: bool = False) -> None:
+        """`state` may be a handle (an ObjectRef) or a durable `Checkpoint`, which the workers read themselves."""
         slot = self._slot()
         slot.snapshot = None
         self.busy[trial_id] = slot
-        self._track(trial_id, slot.gang.launch(trial_id, config, seed, state, inherit))
-
-    def _save(self, trial_id: int, step: int | None) -> None:
-        if step is not None:
-            self.saves.append(Checkpoint(trial_id, step, None, "this executor does not write checkpoints yet"))
+        self._track(trial_id, slot, slot.gang.launch(trial_id, config, seed, state, inherit))
 
     def step(self, trial_id: int, snapshot: bool = False, save: int | None = None) -> None:
-        self._save(trial_id, save)
         slot = self.busy[trial_id]
         if snapshot:  # rank 0 puts its state in the object store before it steps on; the driver holds the reference
             slot.snapshot = slot.gang.state()
-        self._track(trial_id, slot.gang.step())
+        self._request(trial_id, save)
+        self._track(trial_id, slot, slot.gang.step(save))
 
     def exploit(self, trial_id: int, donor_id: int, config: Config, save: int | None = None,
                 fallback: Checkpoint | None = None) -> Any:
-        self._save(trial_id, save)
-        donor, receiver = self.busy[donor_id], self.busy[trial_id]
-        state = donor.snapshot if donor.snapshot is not None else donor.gang.state()
+        donor, receiver = self.busy.get(donor_id), self.busy[trial_id]
+        if donor is not None:
+            state = donor.snapshot if donor.snapshot is not None else donor.gang.state()
+        else:
+            state = self.kept.get(donor_id, fallback)
         receiver.snapshot = None
-        self._track(trial_id, receiver.gang.exploit(state, config))
+        self._request(trial_id, save)
+        # an ObjectRef goes nested in a list: the workers resolve it and read `fallback` if it is lost
+        handle = [state] if isinstance(state, ray.ObjectRef) else state
+        self._track(trial_id, receiver, receiver.gang.exploit(handle, config, save, fallback))
         return state
 
     def stop(self, trial_id: int, keep_state: bool = False, save: int | None = None) -> None:
-        self._save(trial_id, save)
         slot = self.busy.pop(trial_id, None)
         if slot is None:
             return
         if keep_state and slot.healthy:  # queued before the gang's next trial, so it reads this trial's state
             self.kept[trial_id] = slot.gang.state()
         if slot.healthy:
+            self._request(trial_id, save)
+            if self.requested.get(trial_id):  # tracked like a step: `wait` reports these saves once written
+                self._finish(trial_id, slot, save)
             self.idle.append(slot)
         else:
+            if save is not None:
+                self._request(trial_id, save)
+            self._lose_saves(trial_id, "the trial's worker failed before it confirmed the write", slot)
             slot.gang.kill()
 
-    def _track(self, trial_id: int, refs: list[ray.ObjectRef]) -> None:
-        self.inflight[refs[0]] = _Step(trial_id, refs, self.now())
+    def _finish(self, trial_id: int, slot: _Slot, save: int | None) -> None:
+        refs = slot.gang.finish(save)
+        slot.finishing += 1
+        self.inflight[refs[0]] = _Call(trial_id, refs, self.now(), slot, saves_only=True)
+
+    def _request(self, trial_id: int, save: int | None) -> None:
+        if save is not None:
+            if self.checkpoints is None:
+                raise RuntimeError("a save was requested from an executor opened without checkpoint storage")
+            self.requested.setdefault(trial_id, []).append(save)
+
+    def _reported(self, saved: list[Checkpoint]) -> tuple[Checkpoint, ...]:
+        for checkpoint in saved:
+            steps = self.requested.get(checkpoint.trial_id, [])
+            if checkpoint.step in steps:
+                steps.remove(checkpoint.step)
+        return tuple(saved)
+
+    def _lose_saves(self, trial_id: int, reason: str, slot: _Slot) -> None:
+        """Report the trial's unconfirmed saves as failed (their worker is gone; a manifest may still exist)."""
+        steps = self.requested.pop(trial_id, [])
+        if steps:
+            now = self.now()
+            self.lost.append(StepEvent(trial_id, None, None, now, now, slot.node, slot.pid,
+                                       tuple(Checkpoint(trial_id, step, None, reason) for step in steps)))
+
+    def _track(self, trial_id: int, slot: _Slot, refs: list[ray.ObjectRef]) -> None:
+        self.inflight[refs[0]] = _Call(trial_id, refs, self.now(), slot)
 
     def wait(self) -> list[StepEvent]:
-        if self.saves:
-            saves, self.saves = self.saves, []
-            return [StepEvent(c.trial_id, None, None, self.now(), self.now(), saved=(c,)) for c in saves]
+        if self.lost:
+            lost, self.lost = self.lost, []
+            return lost
         if not self.inflight:
             raise RuntimeError("wait() called with no step running")
         pending = list(self.inflight)
         ready, _ = ray.wait(pending, num_returns=1, timeout=self.idle_release_s if self.idle else None)
         if not ready:  # idle gangs may hold the CPUs a waiting gang needs (a retry after a lost node, oversubscription)
             for slot in self.idle:
-                slot.gang.kill()
-            self.idle = []
+                if not slot.finishing:  # one still writing an ended trial's checkpoints goes back later
+                    slot.gang.kill()
+            self.idle = [slot for slot in self.idle if slot.finishing]
             ready, _ = ray.wait(pending, num_returns=1)
         more, _ = ray.wait(pending, num_returns=len(pending), timeout=0)
-        return [self._collect(ref) for ref in dict.fromkeys(ready + more)]
+        events = [self._collect(ref) for ref in dict.fromkeys(ready + more)]
+        events += self.lost
+        self.lost = []
+        return events
 
     def _collect(self, ref: ray.ObjectRef) -> StepEvent:
-        step = self.inflight.pop(ref)
-        slot = self.busy.get(step.trial_id)
-        metrics, error = None, None
+        call = self.inflight.pop(ref)
+        slot = call.slot
+        slot.finishing -= call.saves_only
+        metrics, error, saved = None, None, []
         try:
-            metrics = ray.get(step.refs)[0]
+            value = ray.get(call.refs)[0]
+            if call.saves_only:
+                saved = value
+            else:
+                metrics, saved = value, value.pop(SAVED, [])
         except Exception as exc:  # the trainer raised, or an actor/node died
-            error = "".join(traceback.format_exception_only(type(exc), exc)).strip()
-            if slot is not None:
+            saved = list(getattr(getattr(exc, "cause", None), "saved", []))
+            if call.saves_only:
+                self._lose_saves(call.trial_id, f"the trial's worker died before it confirmed the write ({exc})",
+                                 slot)
+            else:
+                error = "".join(traceback.format_exception_only(type(exc), exc)).strip()
                 slot.healthy = False
-        if slot is not None and slot.info is not None:
+        if slot.info is not None:
             try:
                 slot.node, slot.pid = ray.get(slot.info)[:2]
             except Exception:
                 pass
             slot.info = None
-        node, pid = (slot.node, slot.pid) if slot is not None else ("", 0)
-        return StepEvent(step.trial_id, metrics, error, step.start, self.now(), node, pid)
+        return StepEvent(call.trial_id, metrics, error, call.start, self.now(), slot.node, slot.pid,
+                         self._reported(saved))
 
 
 def _ship_by_value(trainer: type) -> None:
