@@ -45,6 +45,10 @@ class Engine:
         self.trials: dict[int, TrialRecord] = {}
         self.active: set[int] = set()  # ids of running trials
         self.outbox = Outbox(folder, self._recorded)
+        # checkpoints replaced by a newer one of the same trial: new uri -> old; old ones whose successor a
+        # recorded row names may go once that row is synced (before, a resume would still need them)
+        self.superseded: dict[str, Checkpoint] = {}
+        self.deletable: list[Checkpoint] = []
         self.clock_offset = 0.0
         self.exploits = 0
         self.failed_errors: list[tuple[int, str]] = []  # (trial, error) of trials that ended failed
@@ -83,8 +87,8 @@ class Engine:
                     continue
                 for event in self.executor.wait():
                     self._handle(event)
-                if self.folder is not None:
-                    self.folder.sync()
+                if self.folder is not None and self.folder.sync():
+                    self._delete_superseded()
         finally:
             self._close()
         if self.failed_out():
@@ -101,6 +105,7 @@ class Engine:
             try:
                 if self.folder is not None:
                     self.folder.close()
+                    self._delete_superseded()
             finally:
                 try:
                     self.executor.close()
@@ -307,6 +312,8 @@ class Engine:
 
     def _recorded(self, row: dict[str, Any]) -> None:
         """A row went out: note the best, tell the listeners."""
+        if row.get("checkpoint") in self.superseded:
+            self.deletable.append(self.superseded.pop(row["checkpoint"]))
         self.note_best(row)
         for listener in self.listeners:
             listener.on_row(self, row)
@@ -323,17 +330,24 @@ class Engine:
         """A requested checkpoint is durable (or failed): its row may go out, the trial's older one goes."""
         self.outbox.saved((checkpoint.trial_id, checkpoint.step), checkpoint.uri)
         if checkpoint.uri is None:
-            print(f"[nasplat {self.name}] checkpoint of trial {checkpoint.trial_id} at step {checkpoint.step} "
-                  f"failed: {_last_line(checkpoint.error or '')}", file=sys.stderr, flush=True)
+            if not (checkpoint.error or "").startswith("superseded"):  # a newer one of the trial took its turn
+                print(f"[nasplat {self.name}] checkpoint of trial {checkpoint.trial_id} at step {checkpoint.step} "
+                      f"failed: {_last_line(checkpoint.error or '')}", file=sys.stderr, flush=True)
             return
         record = self.trials.get(checkpoint.trial_id)
         if record is None:
             return
         previous, record.checkpoint = record.checkpoint, checkpoint
         if previous is not None and previous.uri != checkpoint.uri:
-            _delete(previous)
+            self.superseded[checkpoint.uri] = previous  # deleted once a synced row names its successor
         if self.policy is not None and record.status in ("completed", "stopped"):
             self._prune()
+
+    def _delete_superseded(self) -> None:
+        """Delete the checkpoints whose successors synced rows name."""
+        for checkpoint in self.deletable:
+            _delete(checkpoint)
+        self.deletable.clear()
 
     def _prune(self) -> None:
         """Keep the checkpoints of the `keep_best` best ended trials (and of every running or paused one); delete

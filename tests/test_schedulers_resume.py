@@ -66,15 +66,7 @@ def _rows(folder: Path) -> list[tuple]:
     return [(r["trial_id"], r["step"], r["status"], r["t"], r["score"]) for r in read_rows(folder / "results.jsonl")]
 
 
-DURABLE = ("a paused trial's state must be durable: needs the local executor's checkpoint writing (branch `durable`); "
-           "until then a paused row has no checkpoint, resume drops it and cannot replay the promotion")
-
-
-@pytest.mark.parametrize("checkpoint", [
-    pytest.param(True, marks=pytest.mark.xfail(strict=True, reason=DURABLE)),
-    pytest.param(False, marks=pytest.mark.xfail(strict=True, reason=DURABLE + "; and, without a checkpoint policy, "
-                                                "Engine._saved calls _prune (which asserts a policy) for a paused trial")),
-])
+@pytest.mark.parametrize("checkpoint", [True, False])
 def test_sigkill_with_paused_trials_then_resume_continues_them_from_their_saved_step(tmp_path, checkpoint):
     (tmp_path / "toy_asha.py").write_text(TOY)
     whole = _drive(tmp_path, "whole", 0, checkpoint)

@@ -64,7 +64,9 @@ class SimulatedExecutor(LocalExecutor):
     def exploit(self, trial_id: int, donor_id: int, config: Config, save: int | None = None,
                 fallback: Checkpoint | None = None) -> Any:
         host = self.hosts[trial_id]
-        state = self.state_now(donor_id) if donor_id in self.hosts else self.kept.get(donor_id, fallback)
+        state = self.snapshots.get(donor_id)  # its latest snapshot, else its state as of its last finished step
+        if state is None:
+            state = self.state_now(donor_id) if donor_id in self.hosts else self.kept.get(donor_id, fallback)
         try:
             host.exploit(state, config, fallback)
         except Exception:

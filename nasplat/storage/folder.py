@@ -104,11 +104,11 @@ class ExperimentFolder:
         assert self.journal is not None, "the experiment folder is not open"
         self.journal.append(entry)
 
-    def sync(self, force: bool = False) -> None:
-        """fsync rows and journal and upload what grew to the URI, if due (or `force`)."""
+    def sync(self, force: bool = False) -> bool:
+        """fsync rows and journal and upload what grew to the URI, if due (or `force`); whether it synced."""
         now = time.monotonic()
         if not force and now - self._last_sync < max(self.sync_interval_s, 10 * self._sync_cost):
-            return
+            return False
         for log in (self.rows, self.journal):
             if log is not None:
                 log.sync()
@@ -116,6 +116,7 @@ class ExperimentFolder:
             self.remote.upload(self.path, self.uploaded)
         self._last_sync = time.monotonic()
         self._sync_cost = self._last_sync - now
+        return True
 
     def close(self) -> None:
         """Sync everything and let go of the lock; a second call does nothing."""
