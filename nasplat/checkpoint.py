@@ -14,15 +14,13 @@ import os
 import sys
 import threading
 import time
-import uuid
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
-from pathlib import Path
 from typing import Any
 
 from nasplat.executors.base import Checkpoint
-from nasplat.storage import Storage, fsync_dir, json_default
+from nasplat.storage import Storage, json_default
 
 
 @dataclass(frozen=True)
@@ -111,35 +109,10 @@ def write_checkpoint(storage: Storage, trial_id: int, step: int, state: Any, con
     import torch
 
     name = checkpoint_name(trial_id, step)
-    size = _stream(storage, f"{name}/{STATE_FILE}", lambda out: torch.save(state, out))
+    size = storage.write(f"{name}/{STATE_FILE}", lambda out: torch.save(state, out))  # streamed, no copy
     manifest = {"trial_id": trial_id, "step": step, "config": config, "bytes": size, "time": time.time()}
     storage.write(f"{name}/{MANIFEST_FILE}", json.dumps(manifest, default=json_default).encode("utf-8"))
     return Checkpoint(trial_id, step, storage.uri(name))
-
-
-def _stream(storage: Storage, name: str, fill: Callable[[Any], None]) -> int:
-    """Write the file `name` of `storage` by handing an open output stream to `fill` (no copy of the bytes in
-    memory); atomically: a local file through a temp file, fsync and rename, an object through one put. Returns
-    its size."""
-    if not storage.local:
-        with storage.fs.open_output_stream(storage.path(name)) as out:
-            fill(out)
-            return out.tell()
-    path = Path(storage.path(name))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}.tmp")
-    try:
-        with open(tmp, "wb") as out:
-            fill(out)
-            size = out.tell()
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-    fsync_dir(path.parent)
-    return size
 
 
 def load_checkpoint(uri: str) -> Any:

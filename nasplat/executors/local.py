@@ -83,11 +83,9 @@ class LocalExecutor(Executor):
     def exploit(self, trial_id: int, donor_id: int, config: Config, save: int | None = None,
                 fallback: Checkpoint | None = None) -> Any:
         host = self.hosts[trial_id]
-        state = self.snapshots.get(donor_id)
+        state = self.snapshots.get(donor_id)  # its latest snapshot, else its current state
         if state is None:
-            donor = self.hosts.get(donor_id)
-            state = donor.copy() if donor is not None and donor.trainer is not None else self.kept.get(donor_id)
-        state = fallback if state is None else state
+            state = self.donor_state(donor_id, fallback)
         try:
             host.exploit(state, config, fallback)
         except Exception:
@@ -97,6 +95,14 @@ class LocalExecutor(Executor):
             self._save(host, save)
         self._enqueue(trial_id)
         return state
+
+    def donor_state(self, donor_id: int, fallback: Checkpoint | None) -> Any:
+        """A donor's current state: of its trainer, else kept from its end, else its durable `fallback`."""
+        donor = self.hosts.get(donor_id)
+        if donor is not None and donor.trainer is not None:
+            return donor.copy()
+        state = self.kept.get(donor_id)
+        return fallback if state is None else state
 
     def stop(self, trial_id: int, keep_state: bool = False, save: int | None = None) -> None:
         host = self.hosts.pop(trial_id, None)

@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import heapq
-import traceback
 from typing import Any
 
 from nasplat.executors.base import Checkpoint, StepEvent
 from nasplat.executors.local import LocalExecutor
-from nasplat.space import Config
 from nasplat.storage import Storage
 
 
@@ -40,10 +38,6 @@ class SimulatedExecutor(LocalExecutor):
     def now(self) -> float:
         return self.clock
 
-    def step(self, trial_id: int, snapshot: bool = False, save: int | None = None) -> None:
-        self._settle(trial_id)
-        super().step(trial_id, snapshot, save)
-
     def _settle(self, trial_id: int) -> None:
         """Keep the trial's state as it is before the step about to run (trainers without `state_dict` have none
         that can be read)."""
@@ -55,28 +49,11 @@ class SimulatedExecutor(LocalExecutor):
         except NotImplementedError:
             pass
 
-    def state_now(self, trial_id: int) -> Any:
-        """The trial's state as of its last step finished by now."""
-        if trial_id in self.settled:
-            return self.settled[trial_id]
-        return self.hosts[trial_id].copy()
-
-    def exploit(self, trial_id: int, donor_id: int, config: Config, save: int | None = None,
-                fallback: Checkpoint | None = None) -> Any:
-        host = self.hosts[trial_id]
-        state = self.snapshots.get(donor_id)  # its latest snapshot, else its state as of its last finished step
-        if state is None:
-            state = self.state_now(donor_id) if donor_id in self.hosts else self.kept.get(donor_id, fallback)
-        try:
-            host.exploit(state, config, fallback)
-        except Exception:
-            self.failed_setup[trial_id] = traceback.format_exc()
-        self.snapshots.pop(trial_id, None)
-        if save is not None:
-            self._save(host, save)
-        self._settle(trial_id)
-        self._enqueue(trial_id)
-        return state
+    def donor_state(self, donor_id: int, fallback: Checkpoint | None) -> Any:
+        """The donor's state as of its last step finished by now."""
+        if donor_id in self.settled:
+            return self.settled[donor_id]
+        return super().donor_state(donor_id, fallback)
 
     def stop(self, trial_id: int, keep_state: bool = False, save: int | None = None) -> None:
         settled = self.settled.pop(trial_id, None)
@@ -85,6 +62,7 @@ class SimulatedExecutor(LocalExecutor):
             self.kept[trial_id] = settled
 
     def _enqueue(self, trial_id: int) -> None:
+        self._settle(trial_id)
         event = self.run_step(trial_id)
         cost = 0.0
         if event.metrics is not None:

@@ -10,7 +10,8 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
-from typing import Any
+from collections.abc import Callable
+from typing import Any, BinaryIO
 
 ROWS_FILE, JOURNAL_FILE, META_FILE, LOCK_FILE = "results.jsonl", "journal.jsonl", "meta.json", "lock"
 SPEC_JSON, SPEC_PICKLE = "experiment.json", "experiment.pkl"
@@ -24,13 +25,16 @@ def is_uri(location: str | Path) -> bool:
     return "://" in str(location)
 
 
-def write_atomic(path: str | Path, payload: bytes) -> None:
-    """Write `payload` to a uniquely named temp file beside `path`, fsync, rename: readers see old or new, whole."""
+def write_atomic(path: str | Path, payload: bytes | Callable[[BinaryIO], Any]) -> int:
+    """Write `payload` (bytes, or a function that writes into the open file: no copy of the bytes in memory) to a
+    uniquely named temp file beside `path`, fsync, rename: readers see the old file or the new one, whole. Returns
+    the size written."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}.tmp")
     try:
         with open(tmp, "wb") as f:
-            f.write(payload)
+            payload(f) if callable(payload) else f.write(payload)
+            size = f.tell()
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -38,6 +42,7 @@ def write_atomic(path: str | Path, payload: bytes) -> None:
         if tmp.exists():
             tmp.unlink()
     fsync_dir(path.parent)
+    return size
 
 
 def fsync_dir(folder: str | Path) -> None:

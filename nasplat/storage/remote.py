@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, BinaryIO
 
 from nasplat.storage.files import APPEND_ONLY, WHOLE_FILES, is_uri, write_atomic
 
@@ -36,14 +38,15 @@ class Storage:
         """The sub-folder `name` as a Storage."""
         return Storage(self.uri(name))
 
-    def write(self, name: str, payload: bytes) -> None:
-        """Write the file `name` whole: atomically (temp + rename locally; an object store's put is atomic)."""
+    def write(self, name: str, payload: bytes | Callable[[BinaryIO], Any]) -> int:
+        """Write the file `name` whole, from bytes or a function that writes into the open file; atomically (temp
+        file + rename locally; an object store's put is atomic). Returns the size written."""
         if self.local:
             Path(self.path(name)).parent.mkdir(parents=True, exist_ok=True)
-            write_atomic(self.path(name), payload)
-            return
+            return write_atomic(self.path(name), payload)
         with self.fs.open_output_stream(self.path(name)) as out:
-            out.write(payload)
+            payload(out) if callable(payload) else out.write(payload)
+            return out.tell()
 
     def read(self, name: str) -> bytes:
         with self.fs.open_input_stream(self.path(name)) as f:
