@@ -16,7 +16,8 @@ from typing import NoReturn
 import nasplat
 from nasplat.experiment import load_experiment
 from nasplat.results import ExperimentResult
-from nasplat.storage import JOURNAL_FILE, read_rows
+from nasplat.storage import JOURNAL_FILE, FolderInUse, read_rows
+from nasplat.trials import ExperimentFailed
 from nasplat.trainer import check_trainer, resolve
 
 
@@ -233,9 +234,12 @@ def main(argv: list[str] | None = None) -> int:
 
 def _one_line(exc: BaseException) -> str:
     """The error's message on one line; the exception's type for errors that are not plain bad input."""
+    from nasplat.integrations import MissingExtra
+
     message = " ".join(str(exc).split()) or "(no message)"
     expected = (ValueError, TypeError, FileNotFoundError, FileExistsError, NotADirectoryError, IsADirectoryError)
-    if isinstance(exc, expected) and type(exc).__module__ == "builtins":
+    if isinstance(exc, (FolderInUse, ExperimentFailed, MissingExtra)) or (
+            isinstance(exc, expected) and type(exc).__module__ == "builtins"):
         return message
     return f"{type(exc).__name__}: {message} (run with --debug for the traceback)"
 

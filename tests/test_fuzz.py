@@ -38,10 +38,12 @@ import nasplat
 from nasplat import Float, Int, Trainer
 from nasplat.cli import parser
 from nasplat.experiment import BUDGET_KEYS, RESOURCE_KEYS, TOP_KEYS
+from nasplat.trials import ExperimentFailed
 
 NASPLAT_DIR = Path(nasplat.__file__).resolve().parent
 RUN_LIMIT_S = 15  # one generated run (a few trials of a trivial trainer); a hang fails the example
-CLEAR_ERRORS = (ValueError, TypeError, FileNotFoundError, FileExistsError)
+# ExperimentFailed: more trials failed than `max_failed_trials` allows; it sums up the first errors
+CLEAR_ERRORS = (ValueError, TypeError, FileNotFoundError, FileExistsError, ExperimentFailed)
 # No shrinking: a hang costs RUN_LIMIT_S per attempt, so shrinking one could take many minutes. The first failing
 # example is reported as generated, with the blob that replays it (`@reproduce_failure`).
 FUZZ = settings(deadline=None, phases=(Phase.explicit, Phase.reuse, Phase.generate), print_blob=True,

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from nasplat.controllers import RegularizedEvolution, check_controller_options
+from nasplat.controllers import CONTROLLERS, RegularizedEvolution, check_controller_options
 from nasplat.trainer import check_trainer
 from nasplat.validation import check_int, check_name, check_real, check_run_options
 
@@ -124,8 +124,7 @@ def test_budget_numbers_must_be_numbers(folder: Path, budget_line: str, message:
      "unknown option(s) ['populaton_size'] for controller 'evolution'; "
      "allowed: ['population_size', 'sample_size', 'inherit_weights']"),
     ({"controller": {"name": "evolution", "seed": 3}}, "controller options ['seed'] belong to the experiment itself"),
-    ({"controller": "evolve"},
-     "`controller` must be one of ['evolution', 'mo_evolution', 'optuna', 'pbt', 'random', 'reinforce']"),
+    ({"controller": "evolve"}, f"`controller` must be one of {sorted(CONTROLLERS)}, got controller='evolve'"),
     ({"controller": {"name": "evolution", "population_size": True}}, "`population_size` must be an integer >= 1"),
     ({"controller": {"name": "pbt", "quantile_fraction": "0.25"}}, "`quantile_fraction` must be a finite number > 0"),
     ({"metric": ""}, "`metric` must be a non-empty string"),

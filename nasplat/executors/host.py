@@ -8,6 +8,7 @@ retry's handle or a durable `Checkpoint`).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from nasplat.checkpoint import CheckpointWriter, copy_state, load_checkpoint
@@ -53,8 +54,13 @@ class TrialHost:
                 self.load(state)
 
     def step(self) -> dict[str, Any]:
+        """One step of the trainer; its metrics as a new dict (what else it returned fails the trial, named)."""
         assert self.trainer is not None, "no trial is hosted"
-        return dict(self.trainer.step())
+        metrics = self.trainer.step()
+        if not isinstance(metrics, Mapping):
+            raise TypeError(f"{type(self.trainer).__name__}.step() must return a mapping of metric names to values, "
+                            f"got {type(metrics).__name__}: {metrics!r:.80}")
+        return dict(metrics)
 
     def exploit(self, state: Any, config: Config, fallback: Checkpoint | None = None) -> None:
         """Load the donor's `state` (or, where it is lost, the durable `fallback`), then put `config` in effect."""

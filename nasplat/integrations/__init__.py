@@ -26,7 +26,7 @@ CALLBACKS: dict[str, str] = {
 _LAZY = {"MLflowLogger": "nasplat.integrations.mlflow", "TensorBoardLogger": "nasplat.integrations.tensorboard",
          "to_optuna": "nasplat.integrations.optuna_export", "param_importances": "nasplat.integrations.optuna_export"}
 
-__all__ = ["CALLBACKS", "MLflowLogger", "TensorBoardLogger", "make_callbacks", "param_importances", "require",
+__all__ = ["CALLBACKS", "MLflowLogger", "MissingExtra", "TensorBoardLogger", "make_callbacks", "param_importances", "require",
            "to_optuna"]
 
 
@@ -36,12 +36,16 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
+class MissingExtra(ImportError):
+    """An integration's package is not installed; the message names the nasplat extra that installs it."""
+
+
 def require(module: str, extra: str) -> Any:
-    """Import `module`, or raise a one-line `ImportError` naming the nasplat extra that installs it."""
+    """Import `module`, or raise a one-line `MissingExtra` naming the nasplat extra that installs it."""
     try:
         return importlib.import_module(module)
     except ImportError as exc:
-        raise ImportError(f"{module} is not installed (needed by nasplat's {extra} integration); "
+        raise MissingExtra(f"{module} is not installed (needed by nasplat's {extra} integration); "
                           f"install it with: pip install 'nasplat[{extra}]'") from exc
 
 
