@@ -242,9 +242,9 @@ def test_pareto_example_prints_and_draws_a_feasible_front(tmp_path: Path) -> Non
     folder = tmp_path / "pareto-local-0"
     result = nasplat.ExperimentResult.load(folder)
     printed = [int(m) for m in re.findall(r"^  trial\s+(\d+):", done.stdout, flags=re.MULTILINE)]
-    feasible = [r for r in pareto.trial_rows(result.rows, ["test_acc", "latency_ms"]) if r["params"] <= 50_000]
-    points = np.array([[r["test_acc"], -r["latency_ms"]] for r in feasible])
+    feasible = [r for r in pareto.trial_rows(result.rows, ["valid_acc", "latency_ms"]) if r["params"] <= 50_000]
+    points = np.array([[r["valid_acc"], -r["latency_ms"]] for r in feasible])
     assert sorted(printed) == sorted(feasible[i]["trial_id"] for i in np.flatnonzero(pareto.non_dominated_mask(points)))
-    assert max(r["test_acc"] for r in result.pareto_front()) >= 0.9
+    assert max(r["valid_acc"] for r in result.pareto_front()) >= 0.9
     png = (folder / "pareto.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and struct.unpack(">II", png[16:24]) == (720, 480)
