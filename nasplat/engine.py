@@ -400,8 +400,11 @@ def _last_line(text: str) -> str:
 
 
 def _delete(checkpoint: Checkpoint) -> None:
-    """Delete a checkpoint's folder; a failure only costs disk space."""
+    """Delete a checkpoint's folder, and its trial's folder once empty; a failure only costs disk space."""
     try:
         Storage(checkpoint.uri).delete("")
+        trial = Storage(checkpoint.uri.rsplit("/", 1)[0])
+        if not trial.list():
+            trial.delete("")
     except OSError:
         pass

@@ -77,6 +77,13 @@ class TinyMLP(Trainer):
             accuracy = (self.model(self.x[1200:]).argmax(1) == self.y[1200:]).float().mean().item()
         return {"val_acc": accuracy, "loss": loss.item()}
 
+    def state_dict(self) -> dict[str, Any]:
+        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+
 
 def free_port() -> int:
     with socket.socket() as sock:
@@ -161,7 +168,8 @@ def test_mlflow_server_holds_a_parent_run_and_one_nested_run_per_trial(mlflow_ur
     from mlflow.tracking import MlflowClient
 
     callback = {"name": "mlflow", "tracking_uri": mlflow_url, "experiment": "nasplat-digits"}
-    folder, _ = run_file(tmp_path, "digits", callbacks=[callback])  # `callbacks:` in the YAML
+    folder, _ = run_file(tmp_path, "digits", callbacks=[callback],  # `callbacks:` in the YAML
+                         checkpoint={"at_end": True, "keep_best": 2})
     trials, best = rows_by_trial(folder), ExperimentResult.load(folder).best
     client = MlflowClient(tracking_uri=mlflow_url)  # every call below is a REST request to the server
     runs = client.search_runs([client.get_experiment_by_name("nasplat-digits").experiment_id])
@@ -182,6 +190,12 @@ def test_mlflow_server_holds_a_parent_run_and_one_nested_run_per_trial(mlflow_ur
             assert [(m.step, m.value) for m in history] == [(r["step"], r[metric]) for r in rows]
         assert run.info.status == "FINISHED" and run.data.tags["nasplat.status"] == "completed"
         assert run.data.tags.get("nasplat.best") == ("true" if trial == best["trial_id"] else None)
+    # the checkpoints kept (the 2 best trials' final states) are the artifacts of their trials' runs
+    kept = {int(p.name.split("-")[1]) for p in (folder / "checkpoints").glob("trial-*")}
+    assert len(kept) == 2 and best["trial_id"] in kept
+    for trial, run in children.items():
+        names = {a.path for a in client.list_artifacts(run.info.run_id, "checkpoint")}
+        assert names == ({"checkpoint/state.pt", "checkpoint/manifest.json"} if trial in kept else set()), trial
 
 
 def test_tensorboard_event_files_hold_every_step_and_the_config_as_hparams(experiment):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from pathlib import Path
 from typing import Any
 
 from nasplat.integrations import require, row_metrics
@@ -84,6 +85,11 @@ class MLflowLogger:
             return
         for trial in sorted(self._open):  # interrupted: trials that did not end
             self._terminate(self.runs[trial], "KILLED")
+        for trial, run_id in self.runs.items():  # the checkpoints kept, as artifacts of their trials' runs
+            record = engine.trials.get(trial)
+            uri = getattr(getattr(record, "checkpoint", None), "uri", None)
+            if uri is not None and Path(uri).is_dir():  # a local checkpoint folder (not one behind a URI)
+                self._client.log_artifacts(run_id, uri, artifact_path="checkpoint")
         best = engine.best_row
         if best is not None and best["trial_id"] in self.runs:
             self._client.set_tag(self.runs[best["trial_id"]], BEST_TAG, "true")
