@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import math
+import os
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -76,8 +77,9 @@ def make_callbacks(specs: Sequence[str | Mapping[str, Any]], *, source: str = "e
 
 def default_listeners(folder: Path | None, callbacks: Sequence[Any]) -> list[Any]:
     """The listeners every run gets unasked: TensorBoard event files in the experiment folder, when the
-    writer's package (`tensorboard`) is installed and no TensorBoard listener was given explicitly."""
-    if folder is None or not installed("tensorboard"):
+    writer's package (`tensorboard`) is installed, no TensorBoard listener was given explicitly and
+    `$NASPLAT_TENSORBOARD` is not `0`."""
+    if folder is None or not installed("tensorboard") or os.environ.get("NASPLAT_TENSORBOARD") == "0":
         return []
     from nasplat.integrations.tensorboard import TensorBoardLogger
 
