@@ -10,12 +10,12 @@ Every random operation takes an explicit `numpy.random.Generator`.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Container, Iterator, Mapping
 from typing import Any
 
 import numpy as np
 
-from nasplat.domains import Domain, Float, Int, check_token, copy_config, random_index, same_value
+from nasplat.domains import Domain, Float, Int, check_token, config_key, copy_config, random_index, same_value
 
 Config = dict[str, Any]
 Rule = Callable[[Config], bool]  # True: the config is forbidden
@@ -216,6 +216,15 @@ class Space:
     def sample(self, rng: np.random.Generator) -> Config:
         """A random config that breaks none of the rules."""
         return self._draw_allowed(lambda: {k: _sample(d, rng) for k, d in self.domains.items()}, "sample")
+
+    def sample_unseen(self, rng: np.random.Generator, seen: Container[Any]) -> Config:
+        """A random config whose `config_key` is not in `seen` (in a space nearly exhausted: any random config)."""
+        config = self.sample(rng)
+        for _ in range(MAX_ATTEMPTS):
+            if config_key(config) not in seen:
+                break
+            config = self.sample(rng)
+        return config
 
     def default(self) -> Config:
         """A deterministic config: `decode` of all-zero tokens (first options, the first bin's middle for numbers)."""

@@ -7,7 +7,7 @@ from typing import Any
 
 from nasplat.controllers.base import Controller, Result, TrialSpec
 from nasplat.domains import config_key, copy_config
-from nasplat.space import MAX_ATTEMPTS, Config, Space
+from nasplat.space import Config, Space
 
 
 class LocalSearch(Controller):
@@ -42,16 +42,7 @@ class LocalSearch(Controller):
                 return self._remember(config, self.centre[0])
         if self.centre is not None:  # every neighbour proposed: a local optimum (unless a late one improves)
             self._restart()
-        return self._remember(self._fresh_sample(), None)
-
-    def _fresh_sample(self) -> Config:
-        """A random config not proposed before (or, in a space nearly exhausted, any random config)."""
-        config = self.space.sample(self.rng)
-        for _ in range(MAX_ATTEMPTS):
-            if config_key(config) not in self.seen:
-                break
-            config = self.space.sample(self.rng)
-        return config
+        return self._remember(self.space.sample_unseen(self.rng, self.seen), None)
 
     def _remember(self, config: Config, centre_id: int | None) -> TrialSpec:
         self.seen.add(config_key(config))

@@ -17,7 +17,7 @@ from nasplat.controllers.base import Controller, Result, TrialSpec
 from nasplat.controllers.encoding import Encoder
 from nasplat.controllers.ensemble import MLPEnsemble
 from nasplat.domains import config_key, copy_config, random_index
-from nasplat.space import MAX_ATTEMPTS, Config, Space
+from nasplat.space import Config, Space
 
 
 class Predictor(Controller):
@@ -70,11 +70,11 @@ class Predictor(Controller):
 
     def ask(self) -> TrialSpec:
         if len(self.scores) < self.initial_samples:
-            return self._remember(self._fresh_sample())
+            return self._remember(self.space.sample_unseen(self.rng, self.seen))
         self._fit()
         candidates, features = self.candidates()
         if not candidates:  # the neighbourhood of the best is exhausted: explore
-            return self._remember(self._fresh_sample())
+            return self._remember(self.space.sample_unseen(self.rng, self.seen))
         predictions = self.model.predict(features)
         mean, std = predictions.mean(axis=0), predictions.std(axis=0)
         sampled = mean + std * self.rng.standard_normal(len(candidates))
@@ -118,15 +118,6 @@ class Predictor(Controller):
         self.model.fit(self.features, _normal_scores(self.scores), steps=steps, batch_size=self.batch_size,
                        rng=self.rng)
         self.unfitted = 0
-
-    def _fresh_sample(self) -> Config:
-        """A random config not proposed before (or, in a space nearly exhausted, any random config)."""
-        config = self.space.sample(self.rng)
-        for _ in range(MAX_ATTEMPTS):
-            if config_key(config) not in self.seen:
-                break
-            config = self.space.sample(self.rng)
-        return config
 
     def _remember(self, config: Config) -> TrialSpec:
         self.seen.add(config_key(config))
