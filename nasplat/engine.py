@@ -225,6 +225,8 @@ class Engine:
         status, decision = self.advance(record, metrics, record.step + 1)
         exploit = isinstance(decision, Exploit) and status == "running"
         row["status"], row["donor_id"] = status, decision.donor_id if exploit else None
+        if (rung := self.controller.rung_of(record.trial_id)) is not None:
+            row["rung"] = rung
         perturbation = status == "running" and self.controller.snapshot_due(record.trial_id, record.step)
         save = record.step if self.policy is not None and self.policy.due(
             record.step, perturbation=perturbation, ending=status != "running") else None

@@ -16,8 +16,8 @@ if TYPE_CHECKING:
     import pandas as pd
 
 RESERVED = ("trial_id", "step", "attempt", "status", "config", "parent_id", "donor_id", "start", "end", "node", "pid",
-            "error", "checkpoint")
-STATUSES = ("running", "completed", "stopped", "failed", "retried")
+            "error", "checkpoint", "rung")
+STATUSES = ("running", "paused", "completed", "stopped", "failed", "retried")
 
 
 @dataclass

@@ -193,6 +193,15 @@ def test_bad_batch_size_is_named() -> None:
         make({**GOOD, "batch_size": 0})
 
 
+def test_train_size_trains_on_a_prefix_of_the_training_share_and_is_checked() -> None:
+    whole, cut = make(GOOD), make({**GOOD, "train_size": 300})
+    assert len(cut.y_train) == 300 and torch.equal(cut.x_train, whole.x_train[:300])
+    assert len(cut.data.y_valid) == len(whole.data.y_valid)  # the validation set does not change
+    with pytest.raises(ValueError, match=r"config\['train_size'\] must be <= 1149 \(the training share of digits\), "
+                                         r"got 5000"):
+        make({**GOOD, "train_size": 5000})
+
+
 def test_pbt_exploits_between_trainers() -> None:
     result = nasplat.run(trainer=ClassificationTrainer, space=pbt_space, controller="pbt", metric="valid_acc",
                          controller_options={"population_size": 4, "perturbation_interval": 2},

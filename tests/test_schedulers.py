@@ -229,6 +229,8 @@ def test_promote_through_the_engine_pauses_frees_slots_and_resumes_trials_from_t
         paused_at = [r["step"] for r in mine if r["status"] == "paused"]
         assert paused_at == [s for s in (1, 3) if s <= len(mine) and not (s == len(mine) and mine[-1]["status"]
                                                                           == "completed")]
+        # rungs at steps 1 and 3 (index 0, 1), and max_steps 9 (index 2)
+        assert [r["rung"] for r in mine] == [0 if s < 3 else 1 if s < 9 else 2 for s in (r["step"] for r in mine)]
     rung0 = [r for r in rows if r["step"] == 1]
     assert len(rung0) == 30 and len([r for r in rows if r["step"] == 2]) <= 30 // 3 + 2
     assert result.counts().get("completed", 0) >= 1

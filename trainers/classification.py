@@ -107,7 +107,8 @@ class ClassificationTrainer(Trainer):
     """Trains a `search_spaces.cnn` config with SGD (momentum, weight decay); one step = some epochs + evaluations.
 
     Config keys: the CNN space's (`depth`, `head`, `lr`, `momentum`, `batch_size`, `weight_decay`), and
-    optionally `dataset` (`"digits"` or `"mnist1d"`, default `self.dataset`) and `epochs_per_step` (default 1).
+    optionally `dataset` (`"digits"` or `"mnist1d"`, default `self.dataset`), `epochs_per_step` (default 1) and
+    `train_size` (train on the first `train_size` signals of the shuffled training share; default all of it).
     Reports `train_loss`, `valid_loss`, `valid_acc` (the metric to search on), `test_loss`, `test_acc` (to report
     only) and `epoch` (epochs trained so far).
     """
@@ -123,7 +124,12 @@ class ClassificationTrainer(Trainer):
         self.batch_size = _positive_int(config, "batch_size", None)
 
         # This rank's shard, cut to the same length on every rank so that all ranks take the same number of steps.
-        n = len(self.data.y_train) // ctx.world_size
+        available = len(self.data.y_train)
+        train_size = _positive_int(config, "train_size", available)
+        if train_size > available:
+            raise ValueError(f"config['train_size'] must be <= {available} (the training share of "
+                             f"{self.dataset_name}), got {train_size}")
+        n = train_size // ctx.world_size
         self.x_train = ctx.shard(self.data.x_train)[:n]
         self.y_train = ctx.shard(self.data.y_train)[:n]
 

@@ -108,6 +108,11 @@ class Controller(ABC):
         trials is spent); the trial continues from its saved state at its next step. The default: none."""
         return None
 
+    def rung_of(self, trial_id: int) -> int | None:
+        """The highest rung (index, 0 first) of a schedule the trial has reached, recorded in its rows as `rung`;
+        None without rungs (the default) or before the first."""
+        return None
+
     def on_result(self, trial_id: int, result: Result) -> Decision:
         """An intermediate report; the default lets every trial run to its step budget."""
         return CONTINUE

@@ -27,8 +27,8 @@ CALLBACKS: dict[str, str] = {
 _LAZY = {"MLflowLogger": "nasplat.integrations.mlflow", "TensorBoardLogger": "nasplat.integrations.tensorboard",
          "to_optuna": "nasplat.integrations.optuna_export", "param_importances": "nasplat.integrations.optuna_export"}
 
-__all__ = ["CALLBACKS", "MLflowLogger", "MissingExtra", "TensorBoardLogger", "make_callbacks", "param_importances", "require",
-           "to_optuna"]
+__all__ = ["CALLBACKS", "MLflowLogger", "MissingExtra", "TensorBoardLogger", "make_callbacks", "param_importances",
+           "require", "to_optuna"]
 
 
 def __getattr__(name: str) -> Any:

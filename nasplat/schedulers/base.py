@@ -73,10 +73,6 @@ class Scheduler(Controller):
         """The schedule's decision for an intermediate report; the default lets the trial go on."""
         return CONTINUE
 
-    def rung_of(self, trial_id: int) -> int | None:
-        """The highest rung (index, 0 first) the trial has reached, or None (not at a rung yet, or no rungs)."""
-        return None
-
     def describe(self) -> dict[str, Any]:
         """The schedule as plain data for `meta.json` and the report (rung steps, reduction factor)."""
         return {"scheduler": type(self).__name__}
