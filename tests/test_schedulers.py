@@ -292,3 +292,70 @@ def test_promote_on_the_ray_executor_resumes_paused_trials_from_their_state(ray_
     assert len([r for r in rows if r["status"] == "paused"]) == 6 and len(promoted) >= 2
     assert all(r["t"] == r["step"] for r in rows)  # a promoted trial went on from its kept state, on another actor
     assert result.counts() == {"paused": 6 - len(promoted), "completed": len(promoted)}
+
+
+# -- several objectives: rungs ranked by non-dominated sorting (MO-ASHA) -------------------------------------
+MO_AT_1 = {0: (.9, 10), 1: (.5, 1), 2: (.8, 12), 3: (.85, 11), 4: (.3, 20), 5: (.2, 30)}  # (accuracy, latency)
+
+
+def test_a_rung_of_several_objectives_is_ranked_by_fronts_not_by_the_first_metric():
+    controller = RandomSearch(SPACE, metric=["acc", "latency"], mode=["max", "min"])
+    promote = ASHA(controller, max_steps=9, grace_period=1, reduction_factor=3, type="promote")
+    for trial_id, (acc, latency) in MO_AT_1.items():
+        promote.ask()
+        assert isinstance(promote.on_result(trial_id, Result({"acc": acc, "latency": latency}, 1)), Pause)
+    # the front is {0, 1}; by accuracy alone the top two would be 0 and 3
+    assert [promote.promote(), promote.promote(), promote.promote()] == [0, 1, None]
+
+    stop = ASHA(RandomSearch(SPACE, metric=["acc", "latency"], mode=["max", "min"]), max_steps=9, type="stop")
+    arrivals = [MO_AT_1[t] for t in (0, 2, 3, 4, 1, 5)]
+    decisions = []
+    for trial_id, (acc, latency) in enumerate(arrivals):
+        stop.ask()
+        decisions.append(type(stop.on_result(trial_id, Result({"acc": acc, "latency": latency}, 1))).__name__)
+    # a trial goes on while it ranks in the top ceil(n/3) of the rung with it. The fifth (.5, 1) is on the front
+    # with (.9, 10) and goes on; by accuracy alone Tune's rule would stop it (.5 is below the 2/3 quantile, .85)
+    assert decisions == ["Continue", "Stop", "Stop", "Stop", "Continue", "Stop"]
+
+
+def test_a_constraint_ranks_the_trials_that_break_it_last_at_a_rung():
+    controller = RandomSearch(SPACE, metric=["acc", "latency"], mode=["max", "min"], constraints=["latency <= 15"])
+    asha = ASHA(controller, max_steps=9, grace_period=1, reduction_factor=3, type="promote")
+    stream = {0: (.99, 40), 1: (.6, 5), 2: (.7, 14), 3: (.95, 30), 4: (.1, 2), 5: (.2, 3)}
+    for trial_id, (acc, latency) in stream.items():
+        asha.ask()
+        asha.on_result(trial_id, Result({"acc": acc, "latency": latency}, 1))
+    # the four feasible trials form one front; its extremes (most accurate 2, fastest 4) have infinite crowding
+    assert [asha.promote(), asha.promote(), asha.promote()] == [2, 4, None]
+
+
+class TwoScores(Trainer):
+    """Accuracy grows with x, latency with x too: every trial is on a trade-off."""
+
+    def setup(self, config, ctx):
+        self.x, self.t = config["x"], 0
+
+    def step(self):
+        self.t += 1
+        return {"acc": self.x + 0.01 * self.t, "latency": 10 * self.x ** 2, "time_cost": 1.0}
+
+    def state_dict(self):
+        return {"t": self.t}
+
+    def load_state_dict(self, state):
+        self.t = state["t"]
+
+
+def test_asha_around_multi_objective_evolution_through_the_engine():
+    result = nasplat.run(trainer=TwoScores, space=SPACE, metric=["acc", "latency"], mode=["max", "min"],
+                         executor="simulated", concurrency=2, controller="mo_evolution",
+                         controller_options={"population_size": 6, "sample_size": 3}, max_trials=27, max_steps=9,
+                         seed=1, scheduler={"name": "asha", "type": "promote"})
+    rows = result.rows
+    assert len({r["trial_id"] for r in rows}) == 27
+    # every trial is on one front (accuracy and latency both grow with x): crowding decides, extremes first
+    assert len([r for r in rows if r["step"] == 9]) < len([r for r in rows if r["step"] == 2]) < 27
+    promoted = {r["trial_id"] for r in rows if r["step"] == 2}
+    by_acc = sorted({r["trial_id"]: r["acc"] for r in rows if r["step"] == 1}.items(), key=lambda kv: -kv[1])
+    # the least accurate trial on rung 0 is on the front too (fastest): a first-metric ranking would never take it
+    assert by_acc[-1][0] in promoted

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any, Literal
 
 import numpy as np
 
 from nasplat.controllers.base import CONTINUE, PAUSE, STOP, Controller, Decision, Result, TrialSpec
+from nasplat.pareto import rank_order
 from nasplat.schedulers.base import Scheduler, check_int
 
 TYPES = ("stop", "promote")
@@ -25,6 +27,11 @@ class ASHA(Scheduler):
     With `brackets=n`, bracket b's rungs start at `grace_period * reduction_factor**b`; each new trial joins a
     bracket drawn from the scheduler's seeded stream with weights `bracket_weights()` (as Tune: a softmax over
     the brackets' numbers of rungs). Promotions look at the brackets in order.
+
+    Several objectives or constraints (the wrapped controller's): a rung's results are ranked as NSGA-II ranks
+    them (`nasplat.pareto.rank_order`: feasible first, by non-dominated front, then crowding distance), as in
+    MO-ASHA (Schmucker et al., 2021). `promote` takes its top floor(n / reduction_factor) by that ranking; `stop`
+    lets a trial go on if it ranks in the top ceil(n / reduction_factor) of the rung with it.
     """
 
     def __init__(self, controller: Controller, *, max_steps: int, grace_period: int = 1, reduction_factor: int = 3,
@@ -50,6 +57,7 @@ class ASHA(Scheduler):
         self.bracket_of: dict[int, int] = {}
         self.reached: dict[int, int] = {}  # trial -> highest rung index reached (len(rungs): max_steps)
         self.paused: set[int] = set()
+        self.multi_objective = len(self.metrics) > 1 or bool(self.constraints)
 
     def _milestones(self, bracket: int) -> list[int]:
         steps, k = [], bracket
@@ -78,11 +86,15 @@ class ASHA(Scheduler):
         if result.step >= self.max_steps:
             self.reached[trial_id] = len(rungs)
             return STOP
-        score = self.score_or_worst(result)
+        score = self.rung_score(result)
         for k in reversed(range(len(rungs))):  # the highest rung reached and not recorded yet
             if result.step < rungs[k] or trial_id in recorded[k]:
                 continue
             self.reached[trial_id] = k
+            if self.type == "stop" and self.multi_objective:
+                recorded[k][trial_id] = score
+                kept = math.ceil(len(recorded[k]) / self.reduction_factor)
+                return CONTINUE if self.ranked(recorded[k]).index(trial_id) < kept else STOP
             if self.type == "stop":
                 cutoff = self.cutoff(recorded[k])
                 recorded[k][trial_id] = score
@@ -92,6 +104,23 @@ class ASHA(Scheduler):
             self.tell_now(trial_id, result)
             return PAUSE
         return CONTINUE
+
+    def rung_score(self, result: Result) -> Any:
+        """What a rung records: the maximised score; with several objectives or constraints, (maximised
+        objectives, total violation), None where an objective is missing."""
+        if not self.multi_objective:
+            return self.score_or_worst(result)
+        scored = self.controller.objectives(result)
+        return None if scored is None else (scored[0].tolist(), float(scored[1]))
+
+    def ranked(self, rung: dict[int, Any]) -> list[int]:
+        """The rung's trials, best first (of equal scores, the earlier first); results without a score last."""
+        if not self.multi_objective:
+            return sorted(rung, key=lambda t: -rung[t])
+        scored = [t for t in rung if rung[t] is not None]
+        points = np.array([rung[t][0] for t in scored], dtype=float).reshape(len(scored), len(self.metrics))
+        order = rank_order(points, [rung[t][1] for t in scored])
+        return [scored[i] for i in order] + [t for t in rung if rung[t] is None]
 
     def cutoff(self, recorded: dict[int, float]) -> float | None:
         """The score a trial reaching this rung must match to go on (`stop`), or None while the rung is empty."""
@@ -107,8 +136,7 @@ class ASHA(Scheduler):
         for bracket, recorded in enumerate(self.recorded):
             for k in reversed(range(len(recorded))):
                 rung = recorded[k]
-                ranked = sorted(rung, key=lambda t: -rung[t])  # stable: of equal scores, the earlier first
-                for trial_id in ranked[:len(rung) // self.reduction_factor]:
+                for trial_id in self.ranked(rung)[:len(rung) // self.reduction_factor]:
                     if trial_id not in self.promoted[bracket][k] and trial_id in self.paused:
                         self.promoted[bracket][k].add(trial_id)
                         self.paused.discard(trial_id)

@@ -33,7 +33,7 @@ class Scheduler(Controller):
         self.controller = controller
         self.space, self.metric, self.mode, self.seed = controller.space, controller.metric, controller.mode, \
             controller.seed
-        # ranked by the first objective; the objectives and constraints are the wrapped controller's
+        # the objectives and constraints are the wrapped controller's
         self.metrics, self.modes, self.constraints = controller.metrics, controller.modes, controller.constraints
         self.rng = np.random.default_rng([controller.seed, 0x5C4E])  # the scheduler's own stream (brackets)
         self.told: set[int] = set()
