@@ -52,7 +52,7 @@ class ASHA(Scheduler):
                              f"with {grace_period=}, {reduction_factor=}, {max_steps=}")
         self.rungs: list[list[int]] = [self._milestones(b) for b in range(self.brackets)]
         self.weights: list[float] = self.bracket_weights()
-        self.recorded: list[list[dict[int, float]]] = [[{} for _ in rungs] for rungs in self.rungs]
+        self.recorded: list[list[dict[int, Any]]] = [[{} for _ in rungs] for rungs in self.rungs]
         self.promoted: list[list[set[int]]] = [[set() for _ in rungs] for rungs in self.rungs]
         self.bracket_of: dict[int, int] = {}
         self.reached: dict[int, int] = {}  # trial -> highest rung index reached (len(rungs): max_steps)
