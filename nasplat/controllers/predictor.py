@@ -44,9 +44,9 @@ class Predictor(Controller):
     networks do not dominate the fit.
     """
 
-    def __init__(self, space: Space | Mapping[str, Any], *, initial_samples: int = 10, ensemble_size: int = 5,
+    def __init__(self, space: Space | Mapping[str, Any], *, initial_samples: int = 20, ensemble_size: int = 5,
                  hidden: int = 32, fit_steps: int = 20, max_fit_steps: int = 200, batch_size: int = 64,
-                 learning_rate: float = 0.01, weight_decay: float = 1e-4, num_parents: int = 10, mutations: int = 50,
+                 learning_rate: float = 0.01, weight_decay: float = 1e-4, num_parents: int = 3, mutations: int = 50,
                  pool_size: int = 1000, patience: int | None = 20, **kwargs: Any) -> None:
         super().__init__(space, **kwargs)
         for name, value, low in (("initial_samples", initial_samples, 1), ("ensemble_size", ensemble_size, 2),
