@@ -44,7 +44,7 @@ class Predictor(Controller):
     networks do not dominate the fit.
     """
 
-    def __init__(self, space: Space | Mapping[str, Any], *, initial_samples: int = 20, ensemble_size: int = 5,
+    def __init__(self, space: Space | Mapping[str, Any], *, initial_samples: int = 30, ensemble_size: int = 5,
                  hidden: int = 32, fit_steps: int = 20, max_fit_steps: int = 200, batch_size: int = 64,
                  learning_rate: float = 0.01, weight_decay: float = 1e-4, num_parents: int = 3, mutations: int = 50,
                  pool_size: int = 1000, patience: int | None = 20, **kwargs: Any) -> None:
