@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import cache
+from itertools import pairwise
 
 import numpy as np
 from threadpoolctl import ThreadpoolController  # a dependency of scikit-learn
@@ -43,7 +44,7 @@ class MLPEnsemble:
                  learning_rate: float, weight_decay: float) -> None:
         sizes = [inputs, hidden, hidden, 1]
         self.params: list[np.ndarray] = []  # weight, bias, weight, bias, weight, bias; each (members, ...)
-        for fan_in, fan_out in zip(sizes[:-1], sizes[1:]):
+        for fan_in, fan_out in pairwise(sizes):
             bound = 1.0 / np.sqrt(max(fan_in, 1))
             for shape in ((members, fan_in, fan_out), (members, 1, fan_out)):
                 self.params.append(rng.uniform(-bound, bound, shape).astype(np.float32))

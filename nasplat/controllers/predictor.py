@@ -1,8 +1,9 @@
 """Predictor-guided search (after BANANAS, White, Neiswanger and Savani, AAAI 2021).
 
 An ensemble of small neural networks learns the metric from every result; candidates are the neighbours
-and mutations of the best configs seen; the next trial is the candidate with the best independent
-Thompson sample of the ensemble's prediction.
+and mutations of the current climb's best configs and a pool of random configs; the next trial is the
+candidate with the best independent Thompson sample of the ensemble's prediction. A climb that stops
+improving restarts from the pool.
 """
 
 from __future__ import annotations
@@ -61,8 +62,8 @@ class Predictor(Controller):
                 raise ValueError(f"`{name}` must be in {'(0, 1)' if name == 'learning_rate' else '[0, 1)'}, "
                                  f"got {name}={value!r}")
         self.initial_samples, self.num_parents, self.mutations = initial_samples, num_parents, mutations
-        self.pool_size, self.patience, self.fit_steps, self.max_fit_steps = pool_size, patience, fit_steps, max_fit_steps
-        self.batch_size = batch_size
+        self.pool_size, self.patience = pool_size, patience
+        self.fit_steps, self.max_fit_steps, self.batch_size = fit_steps, max_fit_steps, batch_size
         self.encoder = Encoder(self.space)
         self.model = MLPEnsemble(self.encoder.size, members=ensemble_size, hidden=hidden, rng=self.rng,
                                  learning_rate=learning_rate, weight_decay=weight_decay)
