@@ -5,8 +5,8 @@ costs 12 training epochs plus a validation pass and returns the 12-epoch validat
 returns the cell with the best validation accuracy and is scored by its 200-epoch test accuracy.
 Besides the published algorithms, nasplat's local search and predictor run under the same protocol;
 each row prints the mean, the standard deviation, the standard error and the mean number of evaluations.
-`--predictor-runs` caps the predictor's runs (it trains a small ensemble at every step: ~100x the others'
-cost per search), and `--only` picks algorithms.
+`--predictor-runs` caps the predictor's runs (it trains a small ensemble at every step: ~1 s of wall time
+per search against ~10 ms for the others), and `--only` picks algorithms.
 
     python benchmarks/nb201.py --runs 500
 """

@@ -14,6 +14,7 @@ from helpers import METRIC
 
 from nasplat.controllers import LocalSearch, Predictor, Reinforce, Result
 from nasplat.controllers.encoding import Encoder
+from nasplat.controllers.ensemble import MLPEnsemble
 from nasplat.domains import config_key
 from nasplat.space import Choice, Config, Float, Int, Space
 
@@ -110,8 +111,74 @@ def test_predictor_with_pending_trials_never_proposes_a_config_twice() -> None:
     assert set(controller.pending) == {s.trial_id for s in running}
 
 
+def test_ensemble_gradients_match_finite_differences() -> None:
+    """The hand-written backward pass against central differences, in float64, for every parameter tensor."""
+    rng = np.random.default_rng(0)
+    model = MLPEnsemble(7, members=3, hidden=5, rng=rng, learning_rate=0.01, weight_decay=0.0)
+    model.params = [p.astype(np.float64) for p in model.params]
+    x, y = rng.normal(size=(3, 9, 7)), rng.normal(size=(3, 9))
+    _, grads = model.gradients(x, y)
+    for param, grad in zip(model.params, grads):
+        for flat in rng.choice(param.size, size=min(param.size, 4), replace=False):
+            index = np.unravel_index(flat, param.shape)
+            old = param[index]
+            param[index] = old + 1e-6
+            above = model.gradients(x, y)[0]
+            param[index] = old - 1e-6
+            below = model.gradients(x, y)[0]
+            param[index] = old
+            assert grad[index] == pytest.approx((above - below) / 2e-6, rel=1e-5, abs=1e-9)
+
+
+def test_ensemble_fit_lowers_the_loss_and_members_disagree_off_the_data() -> None:
+    rng = np.random.default_rng(1)
+    features = rng.integers(0, 2, (60, 10)).astype(np.float32)
+    targets = features @ rng.normal(size=10)
+    model = MLPEnsemble(10, members=4, hidden=16, rng=rng, learning_rate=0.01, weight_decay=0.0)
+    before = float(((model.predict(features) - targets) ** 2).mean())
+    model.fit(features, targets, steps=300, batch_size=32, rng=rng)
+    after = float(((model.predict(features) - targets) ** 2).mean())
+    assert after < 0.1 * before
+    assert model.predict(features).shape == (4, 60) and model.predict(features).std(axis=0).max() > 0
+
+
+def _stuck_run(patience: int | None, rounds: int) -> tuple[Predictor, list[Config]]:
+    """The first config scores 1, every later one 0: the first climb's best never improves."""
+    controller = Predictor(CELL, initial_samples=4, patience=patience, pool_size=50, metric=METRIC, seed=5)
+    proposed = []
+    for round_ in range(rounds):
+        spec = controller.ask()
+        proposed.append(spec.config)
+        controller.tell(spec.trial_id, Result({METRIC: 1.0 if round_ == 0 else 0.0}))
+    return controller, proposed
+
+
+def test_predictor_restarts_after_patience_results_without_improvement() -> None:
+    """Scripted: the best comes first, then 6 results fail to beat it (patience 6): a restart. The next climb
+    has no parents, so its first proposal comes from the random pool, and the old best is no parent of it."""
+    controller, proposed = _stuck_run(patience=6, rounds=6)
+    assert controller.climb == 0 and controller.stale == 5 and len(controller.climb_members) == 6
+    spec = controller.ask()
+    controller.tell(spec.trial_id, Result({METRIC: 0.0}))
+    assert controller.climb == 1 and controller.climb_members == [] and controller.stale == 0
+    pool_keys = set(controller.pool[0])
+    candidates, rows = controller.candidates()
+    assert {config_key(c) for c in candidates} == pool_keys and rows.shape == (len(pool_keys), controller.encoder.size)
+    follow = controller.ask()
+    assert config_key(follow.config) in pool_keys
+    controller.tell(follow.trial_id, Result({METRIC: 0.0}))
+    assert controller.climb_members == [len(controller.scores) - 1]  # the new climb's first member
+    assert len({config_key(c) for c in proposed}) == len(proposed)
+
+
+def test_predictor_without_patience_never_restarts() -> None:
+    controller, _ = _stuck_run(patience=None, rounds=30)
+    assert controller.climb == 0 and controller.stale == 29 and len(controller.climb_members) == 30
+
+
 @pytest.mark.parametrize("option, value", [("ensemble_size", 1), ("initial_samples", 0), ("learning_rate", 0.0),
-                                           ("num_parents", 2.5), ("mutations", -1)])
+                                           ("num_parents", 2.5), ("mutations", -1), ("pool_size", -1),
+                                           ("patience", 0)])
 def test_predictor_rejects_bad_options(option: str, value: object) -> None:
     with pytest.raises(ValueError, match=f"`{option}` must be"):
         Predictor(CELL, metric=METRIC, **{option: value})
