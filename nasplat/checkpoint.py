@@ -155,6 +155,10 @@ class CheckpointWriter:
         self.condition = threading.Condition()
         self.thread: threading.Thread | None = None
         if background:
+            # torch is imported here, in the caller's thread: two threads importing torch for the first time at
+            # once (this one's torch.save, a TensorBoard writer in the driver) can leave it half-initialised
+            import torch  # noqa: F401
+
             self.thread = threading.Thread(target=self._run, name="nasplat-checkpoint-writer", daemon=True)
             self.thread.start()
 

@@ -42,6 +42,9 @@ class TensorBoardLogger:
         return Path(engine.path) / TB_FOLDER
 
     def on_start(self, engine: Any) -> None:
+        # imported before any trial runs, so that no other thread is importing torch at the same time
+        import torch.utils.tensorboard  # noqa: F401
+
         root = self.root(engine)
         root.mkdir(parents=True, exist_ok=True)
         if engine.progress:
