@@ -105,8 +105,10 @@ class Flat(nasplat.Trainer):
 def test_serve_prints_the_address_it_listens_on_and_warns_when_others_can_reach_it(tmp_path, host):
     nasplat.run(trainer=Flat, space={"x": nasplat.Float(0.0, 1.0)}, metric="score", max_trials=3, storage=tmp_path,
                 name="flat")
+    # a job started in the background (`cmd &`) inherits an ignored SIGINT; give the server Ctrl-C back
     server = subprocess.Popen([sys.executable, "-m", "nasplat.cli", "serve", str(tmp_path / "flat"), "--host", host,
-                               "--port", "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                               "--port", "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         first = server.stdout.readline()
         match = re.search(r"listening on ([0-9.]+):(\d+); open http://127\.0\.0\.1:(\d+)/", first)
