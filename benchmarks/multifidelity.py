@@ -134,7 +134,7 @@ def main() -> None:
     parser.add_argument("--full-trials", type=int, default=12, help="trials of full-fidelity random search")
     parser.add_argument("--trials", type=int, default=40, help="new trials of each multi-fidelity method")
     parser.add_argument("--population", type=int, default=4, help="evolution's population")
-    parser.add_argument("--train-size", type=int, default=1000, help="training signals (of the 3,200 left after validation)")
+    parser.add_argument("--train-size", type=int, default=1000, help="training signals (of 3,200)")
     parser.add_argument("--grace-period", type=int, default=1, help="epochs before the first rung")
     parser.add_argument("--concurrency", type=int, default=2)
     parser.add_argument("--cpus", type=int, default=2)
