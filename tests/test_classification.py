@@ -183,6 +183,26 @@ def test_mnist1d_trains_with_1d_convolutions() -> None:
     assert np.isfinite(metrics["train_loss"]) and metrics["valid_acc"] > 0.2  # chance is 0.1
 
 
+def test_mnist1d_signals_are_kept_in_the_cache_and_rebuilt_when_it_is_damaged(tmp_path, monkeypatch) -> None:
+    from importlib.metadata import version
+
+    from trainers.classification import _mnist1d_arrays
+
+    monkeypatch.setenv("NASPLAT_CACHE", str(tmp_path))
+    cache = tmp_path / f"mnist1d-{version('mnist1d')}.npz"
+    built = _mnist1d_arrays()
+    assert built["x"].shape == (4000, 40) and built["x_test"].shape == (1000, 40)
+    with np.load(cache) as saved:
+        assert all(np.array_equal(saved[key], value) for key, value in built.items())
+    np.savez(cache, **{**built, "x": 2 * built["x"]})  # a later process reads the cache, and does not build again
+    assert np.array_equal(_mnist1d_arrays()["x"], 2 * built["x"])
+    cache.write_bytes(cache.read_bytes()[:1000])  # a damaged (cut) cache is built again, and replaced
+    again = _mnist1d_arrays()
+    assert all(np.array_equal(again[key], value) for key, value in built.items())
+    with np.load(cache) as saved:
+        assert np.array_equal(saved["y"], built["y"])
+
+
 def test_unknown_dataset_names_the_value_and_the_allowed_ones() -> None:
     with pytest.raises(ValueError, match=r"unknown dataset 'cifar10'; allowed: \['digits', 'mnist1d'\]"):
         make({**GOOD, "dataset": "cifar10"})

@@ -3,14 +3,17 @@
 One `step` is `epochs_per_step` epochs of SGD over this worker's shard of the training set, then an
 evaluation on the validation set (held out of the training set, stratified, with a fixed seed) and on the test set.
 Search on `valid_acc`: `test_acc` is reported only to be looked at, never to select architectures on. Both data
-sets are built offline and deterministically, once per process.
+sets are built offline and deterministically, once per process (MNIST-1D's signals are also kept in a cache folder).
 """
 
 from __future__ import annotations
 
+import os
 import random
 import time
+import zipfile
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
@@ -18,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from nasplat.space import Config
+from nasplat.storage.files import write_atomic
 from nasplat.trainer import Trainer, WorkerContext
 from search_spaces.cnn import architecture, build_model
 
@@ -70,16 +74,41 @@ def _load_digits() -> Data:
 
 
 def _load_mnist1d() -> Data:
+    data = _mnist1d_arrays()
+    return _split_and_standardise(data["x"], data["y"], data["x_test"], data["y_test"], shape=(1, 40))
+
+
+def _mnist1d_arrays() -> dict[str, np.ndarray]:
+    """MNIST-1D's 4,000 train / 1,000 test signals of length 40 (the package's default arguments, seed 42).
+
+    Building them takes seconds, which every new worker process would pay, so they are kept in
+    `$NASPLAT_CACHE` (default `~/.cache/nasplat`) under the package's version; without a writable cache they are
+    built each time."""
+    from importlib.metadata import version
+
+    cache = Path(os.environ.get("NASPLAT_CACHE", "~/.cache/nasplat")).expanduser() / f"mnist1d-{version('mnist1d')}.npz"
+    keys = ("x", "y", "x_test", "y_test")
+    try:
+        with np.load(cache) as saved:
+            return {key: saved[key] for key in keys}
+    except (OSError, KeyError, ValueError, zipfile.BadZipFile):  # not there yet, or damaged: build it
+        pass
     from mnist1d.data import get_dataset_args, make_dataset
 
     # make_dataset seeds the global `random` and `numpy.random` generators; leave them as they were.
     py_state, np_state = random.getstate(), np.random.get_state()
     try:
-        data = make_dataset(get_dataset_args())  # 4,000 train / 1,000 test signals of length 40, seed 42
+        data = make_dataset(get_dataset_args())
     finally:
         random.setstate(py_state)
         np.random.set_state(np_state)
-    return _split_and_standardise(data["x"], data["y"], data["x_test"], data["y_test"], shape=(1, 40))
+    arrays = {key: np.asarray(data[key]) for key in keys}
+    try:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(cache, lambda f: np.savez(f, **arrays))
+    except OSError:
+        pass  # a read-only home only costs the time to build the data again
+    return arrays
 
 
 def _split_and_standardise(x_train: np.ndarray, y_train: np.ndarray, x_test: np.ndarray, y_test: np.ndarray,
