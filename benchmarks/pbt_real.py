@@ -24,7 +24,10 @@ share of the cores on both sides. Both keep results on disk in a fresh temporary
 ../shared/anchors/bench_pbt.py does.
 
 Metric of every method: the best validation accuracy any member reported at any epoch (and that row's test
-accuracy, only reported), mean ± std over seeds. Last line: JSON, accuracies in percent.
+accuracy, only reported), mean ± std over seeds. Before the seeds, one member's epoch is timed alone in this
+process (median of `--floor-epochs`) to print the compute floor: the seconds the 192 epochs of a run need on one
+core and on `--cpus` cores with nothing else, against the wall times measured. Last line: JSON, accuracies in
+percent.
 
     python benchmarks/pbt_real.py [--seeds 3] [--epochs 24] [--interval 4] [--executor local|ray]
 """
@@ -120,6 +123,18 @@ def _run(seed: int, args: argparse.Namespace, options: dict[str, Any], *, pbt: b
     return nasplat.run(trainer=ClassificationTrainer, controller="random", space=space, metric="valid_acc", **options)
 
 
+def epoch_seconds(args: argparse.Namespace) -> float:
+    """Median wall time of one epoch of member 0 (seed 0's first config), trained alone in this process."""
+    trainer = start(ClassificationTrainer(), member_configs(0)[0], WorkerContext(trial_id=0, seed=trial_seeds(0)[0]))
+    times = []
+    with niceness(args.niceness if args.executor == "local" else os.getpriority(os.PRIO_PROCESS, 0)):
+        for _ in range(args.floor_epochs):
+            began = time.perf_counter()
+            trainer.step()
+            times.append(time.perf_counter() - began)
+    return float(np.median(times))
+
+
 def run_tune(seed: int, args: argparse.Namespace, storage: str) -> dict[str, Any]:
     """Ray Tune's PopulationBasedTraining over the same configs, trial seeds, space and PBT settings."""
     from ray import tune
@@ -192,6 +207,7 @@ def main() -> None:
     parser.add_argument("--resample", type=float, default=0.25, help="resample probability")
     parser.add_argument("--executor", default="local", choices=["local", "ray"], help="nasplat's executor")
     parser.add_argument("--cpus", type=int, default=2, help="CPUs of the local Ray")
+    parser.add_argument("--floor-epochs", type=int, default=5, help="epochs timed alone for the compute floor")
     parser.add_argument("--niceness", type=int, default=15,
                         help="niceness of the `local` executor's runs: Ray's worker niceness, Tune's trials run at")
     args = parser.parse_args()
@@ -199,6 +215,7 @@ def main() -> None:
 
     ray.init(num_cpus=args.cpus, include_dashboard=False, log_to_driver=False)
     load_dataset("mnist1d")
+    epoch = epoch_seconds(args)
     results: dict[str, list[dict[str, Any]]] = {"nasplat-pbt": [], "random": [], "tune-pbt": []}
     with tempfile.TemporaryDirectory(prefix="nasplat-pbt-real-") as storage:
         for seed in range(args.seeds):
@@ -209,11 +226,11 @@ def main() -> None:
                 print(f"seed {seed} {name}: {json.dumps({k: round(v, 4) for k, v in runs[-1].items()})}",
                       file=sys.stderr, flush=True)
     ray.shutdown()
-    report(results, args)
+    report(results, args, epoch)
 
 
-def report(results: dict[str, list[dict[str, Any]]], args: argparse.Namespace) -> None:
-    """The table (means over seeds) and the JSON line."""
+def report(results: dict[str, list[dict[str, Any]]], args: argparse.Namespace, epoch: float) -> None:
+    """The table (means over seeds), the compute floor and the JSON line."""
     def values(name: str, key: str) -> np.ndarray:
         return np.array([r[key] for r in results[name]], dtype=float)
 
@@ -227,6 +244,10 @@ def report(results: dict[str, list[dict[str, Any]]], args: argparse.Namespace) -
               f"{values(name, 'wall').mean():>9.1f}")
     mean = {name: round(100 * float(values(name, "best_valid").mean()), 2) for name in results}
     ratio = float(values("nasplat-pbt", "wall").mean() / values("tune-pbt", "wall").mean())
+    work = MEMBERS * args.epochs * epoch
+    tune_wall = float(values("tune-pbt", "wall").mean())
+    print(f"compute floor: one epoch alone {epoch:.3f} s; {MEMBERS * args.epochs} epochs = {work:.1f} s on one core, "
+          f"{work / args.cpus:.1f} s on {args.cpus} ({work / args.cpus / tune_wall:.3f}x Tune's wall)")
     print(f"goals: nasplat PBT >= random ({mean['nasplat-pbt']} vs {mean['random']}) and >= Tune "
           f"({mean['tune-pbt']}); wall {ratio:.3f}x Tune's (goal <= 0.333)")
     print(json.dumps({"nasplat_pbt_valid": mean["nasplat-pbt"], "random_valid": mean["random"],
