@@ -14,28 +14,29 @@ seed) with the same trial seeds (nasplat's `SeedSequence([seed, trial, 0])`), ea
                x1.2 would take momentum past 1), a checkpoint every interval as Tune's PBT needs,
                `reuse_actors=True`, 8 trials at 2/8 CPU each
 
-nasplat runs on the `local` executor by default: one process, one core, the 8 members interleaved epoch by epoch,
-no actor start-up. It was the faster of nasplat's two executors here (`--executor ray`: 8 actors at 2/8 CPU each,
-like Tune's trials, which pay 8 torch imports; one seed of each on the loaded machine: 76 s local, 148 s ray). Tune
-runs on a local Ray of `--cpus` (2) CPUs, so it has twice the cores. Ray starts its workers at niceness 15, so
-the `local` runs are made at `--niceness` 15 too: on a machine that other jobs load, a trial process gets the same
-share of the cores on both sides. Both keep results on disk in a fresh temporary folder (nasplat `storage`, Tune
-`storage_path`); each wall time is measured around `nasplat.run` / `Tuner(...)` + `fit()` as
-../shared/anchors/bench_pbt.py does.
+nasplat runs on the `processes` executor by default: one worker process forked from the driver per core (2), one
+torch thread each, 4 members a worker stepped in turn; no Ray, no start-up per trial. (`--executor local`: the
+same in the driver's process, one core, deterministic; `--executor ray`: 8 actors at 2/8 CPU each, like Tune's
+trials, which pay 8 torch imports.) Tune runs on a local Ray of `--cpus` (2) CPUs. Ray starts its workers at
+niceness 15, so the `processes` and `local` runs are made at `--niceness` 15 too: on a machine that other jobs
+load, a trial process gets the same share of the cores on both sides. Both keep results on disk in a fresh
+temporary folder (nasplat `storage`, Tune `storage_path`); each wall time is measured around `nasplat.run` /
+`Tuner(...)` + `fit()` as ../shared/anchors/bench_pbt.py does.
 
 Metric of every method: the best validation accuracy any member reported at any epoch (and that row's test
-accuracy, only reported), mean ± std over seeds. Before the seeds, one member's epoch is timed alone in this
-process (median of `--floor-epochs`) to print the compute floor: the seconds the 192 epochs of a run need on one
-core and on `--cpus` cores with nothing else, against the wall times measured. Last line: JSON, accuracies in
-percent.
+accuracy, only reported), mean ± std over seeds. Before the seeds, `--cpus` forked processes (one torch thread
+each) train one member side by side for `--floor-epochs` epochs to print the compute floor: the seconds a run's
+192 epochs need on `--cpus` busy cores with nothing else to do, against the wall times measured. Last line: JSON,
+accuracies in percent.
 
-    python benchmarks/pbt_real.py [--seeds 3] [--epochs 24] [--interval 4] [--executor local|ray]
+    python benchmarks/pbt_real.py [--seeds 3] [--epochs 24] [--interval 4] [--executor processes|local|ray]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import os
 import random
 import sys
@@ -102,7 +103,7 @@ def run_nasplat(seed: int, args: argparse.Namespace, storage: str, *, pbt: bool)
                                "name": f"{'pbt' if pbt else 'random'}-{seed}"}
     if args.executor == "ray":
         options["executor_options"] = {"cpus_per_trial": args.cpus / MEMBERS}
-    with niceness(args.niceness if args.executor == "local" else os.getpriority(os.PRIO_PROCESS, 0)):
+    with niceness(args.niceness if args.executor != "ray" else os.getpriority(os.PRIO_PROCESS, 0)):
         began = time.perf_counter()
         result = _run(seed, args, options, pbt=pbt)
         wall = time.perf_counter() - began
@@ -124,15 +125,28 @@ def _run(seed: int, args: argparse.Namespace, options: dict[str, Any], *, pbt: b
 
 
 def epoch_seconds(args: argparse.Namespace) -> float:
-    """Median wall time of one epoch of member 0 (seed 0's first config), trained alone in this process."""
-    trainer = start(ClassificationTrainer(), member_configs(0)[0], WorkerContext(trial_id=0, seed=trial_seeds(0)[0]))
-    times = []
-    with niceness(args.niceness if args.executor == "local" else os.getpriority(os.PRIO_PROCESS, 0)):
+    """Median wall time of one epoch of member 0 (seed 0's first config) while `--cpus` forked processes, one torch
+    thread each (as both systems' trials run), train it side by side: the cost of an epoch with every core busy."""
+    context = multiprocessing.get_context("fork")
+    times: Any = context.Queue()
+
+    def train() -> None:
+        torch.set_num_threads(1)
+        trainer = start(ClassificationTrainer(), member_configs(0)[0],
+                        WorkerContext(trial_id=0, seed=trial_seeds(0)[0]))
         for _ in range(args.floor_epochs):
             began = time.perf_counter()
             trainer.step()
-            times.append(time.perf_counter() - began)
-    return float(np.median(times))
+            times.put(time.perf_counter() - began)
+
+    with niceness(args.niceness if args.executor != "ray" else os.getpriority(os.PRIO_PROCESS, 0)):
+        workers = [context.Process(target=train) for _ in range(args.cpus)]
+        for worker in workers:
+            worker.start()
+        measured = [times.get() for _ in range(args.cpus * args.floor_epochs)]
+        for worker in workers:
+            worker.join()
+    return float(np.median(measured))
 
 
 def run_tune(seed: int, args: argparse.Namespace, storage: str) -> dict[str, Any]:
@@ -205,11 +219,12 @@ def main() -> None:
     parser.add_argument("--interval", type=int, default=4, help="epochs between exploits (perturbation interval)")
     parser.add_argument("--quantile", type=float, default=0.25, help="quantile fraction")
     parser.add_argument("--resample", type=float, default=0.25, help="resample probability")
-    parser.add_argument("--executor", default="local", choices=["local", "ray"], help="nasplat's executor")
+    parser.add_argument("--executor", default="processes", choices=["processes", "local", "ray"],
+                        help="nasplat's executor")
     parser.add_argument("--cpus", type=int, default=2, help="CPUs of the local Ray")
-    parser.add_argument("--floor-epochs", type=int, default=5, help="epochs timed alone for the compute floor")
+    parser.add_argument("--floor-epochs", type=int, default=6, help="epochs each process times for the floor")
     parser.add_argument("--niceness", type=int, default=15,
-                        help="niceness of the `local` executor's runs: Ray's worker niceness, Tune's trials run at")
+                        help="niceness of nasplat's processes and local runs (Ray's workers, Tune's trials, run at it)")
     args = parser.parse_args()
     import ray
 
@@ -246,8 +261,8 @@ def report(results: dict[str, list[dict[str, Any]]], args: argparse.Namespace, e
     ratio = float(values("nasplat-pbt", "wall").mean() / values("tune-pbt", "wall").mean())
     work = MEMBERS * args.epochs * epoch
     tune_wall = float(values("tune-pbt", "wall").mean())
-    print(f"compute floor: one epoch alone {epoch:.3f} s; {MEMBERS * args.epochs} epochs = {work:.1f} s on one core, "
-          f"{work / args.cpus:.1f} s on {args.cpus} ({work / args.cpus / tune_wall:.3f}x Tune's wall)")
+    print(f"compute floor: an epoch takes {epoch:.3f} s with {args.cpus} cores busy; {MEMBERS * args.epochs} epochs "
+          f"= {work / args.cpus:.1f} s on {args.cpus} cores ({work / args.cpus / tune_wall:.3f}x Tune's wall)")
     print(f"goals: nasplat PBT >= random ({mean['nasplat-pbt']} vs {mean['random']}) and >= Tune "
           f"({mean['tune-pbt']}); wall {ratio:.3f}x Tune's (goal <= 0.333)")
     print(json.dumps({"nasplat_pbt_valid": mean["nasplat-pbt"], "random_valid": mean["random"],

@@ -18,6 +18,7 @@ from nasplat.engine import Engine
 from nasplat.trials import Budget
 from nasplat.executors.base import Executor
 from nasplat.executors.local import LocalExecutor
+from nasplat.executors.processes import ProcessExecutor
 from nasplat.executors.simulated import SimulatedExecutor
 from nasplat.results import ExperimentResult
 from nasplat.schedulers import Scheduler, make_scheduler
@@ -26,7 +27,7 @@ from nasplat.storage import META_FILE, SPEC_JSON, SPEC_PICKLE, ExperimentFolder,
 from nasplat.trainer import check_trainer, resolve
 from nasplat.validation import check_name, check_run_options
 
-EXECUTORS = ("local", "simulated", "ray")
+EXECUTORS = ("local", "processes", "simulated", "ray")
 
 
 def make_controller(controller: str | type | Controller, space: Any, *, metric: str | Sequence[str] | None,
@@ -52,11 +53,13 @@ def make_controller(controller: str | type | Controller, space: Any, *, metric: 
 
 
 def make_executor(executor: str | Executor, *, concurrency: int | None, **options: Any) -> Executor:
-    """An executor by name (`local`, `simulated`, `ray`) or a ready instance."""
+    """An executor by name (`local`, `processes`, `simulated`, `ray`) or a ready instance."""
     if isinstance(executor, Executor):
         return executor
     if executor == "local":
         return LocalExecutor(concurrency or 1, **options)
+    if executor == "processes":
+        return ProcessExecutor(concurrency or 1, **options)
     if executor == "simulated":
         return SimulatedExecutor(concurrency or 1, **options)
     if executor == "ray":

@@ -176,7 +176,8 @@ def parser() -> argparse.ArgumentParser:
     sub = top.add_subparsers(dest="command", required=True, parser_class=_Parser)
     run = sub.add_parser("run", parents=[debug], help="run an experiment file (YAML)")
     run.add_argument("experiment", help="path to experiment.yaml")
-    run.add_argument("--executor", choices=["ray", "local", "simulated"], help="override the file's executor")
+    run.add_argument("--executor", choices=["ray", "local", "processes", "simulated"],
+                     help="override the file's executor")
     run.add_argument("--address", help="attach to this Ray cluster (default: $RAY_ADDRESS, else a local Ray)")
     run.add_argument("--storage", help="override the file's storage folder")
     run.add_argument("--name", help="override the experiment name")

@@ -24,7 +24,7 @@ REQUIRED = ("trainer", "space", "metric", "controller", "budget")
 BUDGET_KEYS = ("max_trials", "time_budget_s", "max_steps")
 RESOURCE_KEYS = ("concurrency", "cpus_per_trial", "gpus_per_trial", "workers", "backend", "strategy", "backend_options")
 RAY_ONLY = ("cpus_per_trial", "gpus_per_trial", "workers", "backend", "strategy", "backend_options")
-EXECUTOR_NAMES = ("ray", "local", "simulated")
+EXECUTOR_NAMES = ("ray", "local", "processes", "simulated")
 
 
 def load_experiment(path: str | Path, **overrides: Any) -> dict[str, Any]:

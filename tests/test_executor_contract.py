@@ -1,6 +1,6 @@
-"""The executor contract (`nasplat.executors.base.Executor`), the same tests on `local`, `simulated` and `ray`, with a
-small real torch trainer: launch, step, exploit, checkpoint (durable, complete, reported once), restore from a
-checkpoint, failure."""
+"""The executor contract (`nasplat.executors.base.Executor`), the same tests on `local`, `processes`, `simulated`
+and `ray`, with a small real torch trainer: launch, step, exploit, checkpoint (durable, complete, reported once),
+restore from a checkpoint, failure."""
 
 from __future__ import annotations
 
@@ -13,11 +13,12 @@ import torch
 from nasplat.checkpoint import MANIFEST_FILE, list_checkpoints, load_checkpoint, read_manifest
 from nasplat.executors.base import Checkpoint, Executor, StepEvent
 from nasplat.executors.local import LocalExecutor
+from nasplat.executors.processes import ProcessExecutor
 from nasplat.executors.simulated import SimulatedExecutor
 from nasplat.storage import Storage
 from nasplat.trainer import Trainer
 
-KINDS = ["local", "simulated", "ray"]
+KINDS = ["local", "processes", "simulated", "ray"]
 
 
 class Regression(Trainer):
@@ -68,7 +69,8 @@ def make(request: pytest.FixtureRequest, tmp_path: Any) -> Callable[..., Executo
             from nasplat.executors.ray_executor import RayExecutor
             executor: Executor = RayExecutor(concurrency=2, cpus_per_trial=1)
         else:
-            executor = LocalExecutor(2) if request.param == "local" else SimulatedExecutor(2)
+            executor = {"local": LocalExecutor, "processes": ProcessExecutor, "simulated": SimulatedExecutor}[
+                request.param](2)
         executor.open(Regression, f"{request.node.name}-{len(opened)}",
                       Storage(tmp_path / "checkpoints") if storage else None)
         opened.append(executor)

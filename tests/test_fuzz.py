@@ -239,7 +239,7 @@ class Scripted(Trainer):
 
 @pytest.mark.slow
 @settings(FUZZ, max_examples=50)
-@given(executor=st.sampled_from(["local", "simulated"]), setup_error=st.one_of(st.none(), ERRORS),
+@given(executor=st.sampled_from(["local", "processes", "simulated"]), setup_error=st.one_of(st.none(), ERRORS),
        steps=st.lists(STEP_OUTCOMES, min_size=1, max_size=3), controller=st.sampled_from(["random", "evolution"]),
        budget=st.sampled_from([{"max_trials": 4}, {"time_budget_s": 0.5}, {"max_trials": 4, "time_budget_s": 0.5}]),
        max_failures=st.integers(0, 1))

@@ -115,7 +115,7 @@ def test_budget_numbers_must_be_numbers(folder: Path, budget_line: str, message:
     ({"resources": {"concurrency": True}}, "`concurrency` must be an integer >= 1 (or None), got concurrency=True"),
     ({"executor": "ray", "resources": {"workers": True}}, "`workers` must be an integer >= 1, got workers=True"),
     ({"executor": "ray", "resources": {"cpus_per_trial": "1"}}, "`cpus_per_trial` must be a finite number > 0"),
-    ({"executor": "gpu"}, "`executor` must be one of ['ray', 'local', 'simulated'], got executor='gpu'"),
+    ({"executor": "gpu"}, "`executor` must be one of ['ray', 'local', 'processes', 'simulated'], got executor='gpu'"),
     ({"name": "../../x"}, "`name` must be a non-empty folder name without '/'"),
     ({"name": "a/b"}, "got name='a/b'"),
     ({"name": ""}, "got name=''"),

@@ -82,10 +82,20 @@ class LocalExecutor(Executor):
 
     def exploit(self, trial_id: int, donor_id: int, config: Config, save: int | None = None,
                 fallback: Checkpoint | None = None) -> Any:
+        state = self.exploit_state(donor_id, fallback)
+        self.adopt(trial_id, state, config, save, fallback)
+        return state
+
+    def exploit_state(self, donor_id: int, fallback: Checkpoint | None = None) -> Any:
+        """What an exploit of `donor_id` copies: its latest snapshot, else its current state (`donor_state`)."""
+        state = self.snapshots.get(donor_id)
+        return self.donor_state(donor_id, fallback) if state is None else state
+
+    def adopt(self, trial_id: int, state: Any, config: Config, save: int | None = None,
+              fallback: Checkpoint | None = None) -> None:
+        """The second half of `exploit`: load a donor's `state` into the trial, put `config` in effect, (with
+        `save=k`, checkpoint it as step k,) queue its next step."""
         host = self.hosts[trial_id]
-        state = self.snapshots.get(donor_id)  # its latest snapshot, else its current state
-        if state is None:
-            state = self.donor_state(donor_id, fallback)
         try:
             host.exploit(state, config, fallback)
         except Exception:
@@ -94,7 +104,6 @@ class LocalExecutor(Executor):
         if save is not None:
             self._save(host, save)
         self._enqueue(trial_id)
-        return state
 
     def donor_state(self, donor_id: int, fallback: Checkpoint | None) -> Any:
         """A donor's current state: of its trainer, else kept from its end, else its durable `fallback`."""

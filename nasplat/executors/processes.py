@@ -1,0 +1,322 @@
+"""The `processes` executor: trials in worker processes forked from the driver, on every core of this machine."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import pickle
+import queue
+import threading
+import time
+import traceback
+from dataclasses import dataclass, field, replace
+from multiprocessing.connection import Connection, wait
+from typing import Any
+
+from nasplat.executors.base import Checkpoint, Executor, StepEvent
+from nasplat.executors.local import LocalExecutor
+from nasplat.space import Config
+from nasplat.storage import Storage
+
+
+@dataclass
+class _Worker:
+    """One forked worker process and the trials it hosts."""
+
+    process: multiprocessing.process.BaseProcess
+    conn: Connection
+    trials: set[int] = field(default_factory=set)
+    alive: bool = True
+
+
+class ProcessExecutor(Executor):
+    """Runs trials in `processes` worker processes forked from the driver (default: one per core, at most
+    `concurrency`), each with `threads` torch threads (default: the cores shared out among them).
+
+    Each worker hosts its trials in a `LocalExecutor` of its own and steps them in turn, so a forked worker starts
+    in milliseconds with whatever the driver had imported and loaded (torch, a dataset): no Ray, no actor start-up,
+    no import per trial. A trial stays on the worker that launched it. States move through the driver: a worker sends
+    a trial's snapshot (`step(snapshot=True)`) as it takes it, so an exploit of a donor with a snapshot never waits;
+    without one, it waits for the donor's state after its running step. A worker that dies fails the steps of its
+    trials (the engine retries them on a live worker) and the saves it still owed.
+    """
+
+    def __init__(self, concurrency: int = 1, *, processes: int | None = None, threads: int | None = None) -> None:
+        if not isinstance(concurrency, int) or concurrency < 1:
+            raise ValueError(f"`concurrency` must be an integer >= 1, got {concurrency=!r}")
+        cores = len(os.sched_getaffinity(0))
+        workers = min(concurrency, cores) if processes is None else processes
+        if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
+            raise ValueError(f"`processes` must be an integer >= 1 (worker processes), got {processes=!r}")
+        if threads is not None and (not isinstance(threads, int) or isinstance(threads, bool) or threads < 1):
+            raise ValueError(f"`threads` must be an integer >= 1 (torch threads per worker), got {threads=!r}")
+        self.concurrency, self.workers = concurrency, workers
+        self.threads = threads if threads is not None else max(1, cores // workers)
+        self.kept: dict[int, Any] = {}
+        self.pool: list[_Worker] = []
+        self.where: dict[int, _Worker] = {}  # trial id -> the worker hosting it
+        self.owed: dict[int, set[int]] = {}  # trial id -> steps of saves requested and not yet reported
+        self.ended_on: dict[int, _Worker] = {}  # stopped trial id -> the worker that still owes its saves
+        self.running: set[int] = set()  # trials with a step started and not yet reported
+        self.snapshots: dict[int, Any] = {}  # trial id -> the state its worker sent at its latest `snapshot` step
+        self.ready: list[StepEvent] = []  # events received while the driver waited for a reply
+
+    def open(self, trainer: type, experiment: str, checkpoints: Storage | None = None) -> None:
+        self.trainer_cls, self.checkpoints = trainer, checkpoints
+        self.t0 = time.perf_counter()  # CLOCK_MONOTONIC: the workers' clocks read the same
+        self.pool = [self._fork() for _ in range(self.workers)]
+
+    def _fork(self) -> _Worker:
+        driver_end, worker_end = multiprocessing.Pipe()
+        process = multiprocessing.get_context("fork").Process(
+            target=_serve, args=(worker_end, self.trainer_cls, self.checkpoints, self.t0, self.threads),
+            name="nasplat-worker", daemon=True)
+        process.start()
+        worker_end.close()
+        return _Worker(process, driver_end)
+
+    def now(self) -> float:
+        return time.perf_counter() - self.t0
+
+    # -- trials ------------------------------------------------------------------------------------
+    def launch(self, trial_id: int, config: Config, seed: int, state: Any = None, inherit: bool = False) -> None:
+        live = [w for w in self.pool if w.alive]
+        if len(live) < self.workers:  # replace the dead
+            self.pool = live + [self._fork() for _ in range(self.workers - len(live))]
+            live = self.pool
+        worker = min(live, key=lambda w: len(w.trials))
+        worker.trials.add(trial_id)
+        self.where[trial_id] = worker
+        self.snapshots.pop(trial_id, None)
+        self._send(trial_id, ("launch", trial_id, config, seed, state, inherit))
+
+    def step(self, trial_id: int, snapshot: bool = False, save: int | None = None) -> None:
+        self._owe(trial_id, save)
+        self._send(trial_id, ("step", trial_id, snapshot, save))
+
+    def exploit(self, trial_id: int, donor_id: int, config: Config, save: int | None = None,
+                fallback: Checkpoint | None = None) -> Any:
+        donor = self.where.get(donor_id)
+        if donor is not None:  # take in the snapshots its worker has sent so far
+            while donor.alive and donor.conn.poll() and self._receive(donor) is not None:
+                pass
+        state = self.snapshots.get(donor_id)
+        if state is None and donor is not None:  # no snapshot: its state once the step it is running ends
+            state = self._ask(donor, ("exploit_state", donor_id, fallback))
+            state = self.snapshots.get(donor_id, state)  # a snapshot sent before the reply comes first
+        if state is None:
+            state = self.kept.get(donor_id, fallback)
+        self.snapshots.pop(trial_id, None)
+        self._owe(trial_id, save)
+        self._send(trial_id, ("adopt", trial_id, state, config, save, fallback))
+        return state
+
+    def stop(self, trial_id: int, keep_state: bool = False, save: int | None = None) -> None:
+        self.snapshots.pop(trial_id, None)
+        worker = self.where.pop(trial_id, None)
+        if worker is None:
+            return
+        worker.trials.discard(trial_id)
+        self._owe(trial_id, save)
+        if keep_state:
+            state = self._ask(worker, ("keep", trial_id, save))
+            if state is not None:
+                self.kept[trial_id] = state
+        elif worker.alive:
+            self._write(worker, ("stop", trial_id, save))
+        if not worker.alive and self.owed.get(trial_id):
+            self.ready.append(self._lost(trial_id, worker.process.pid, error=None))
+        elif self.owed.get(trial_id):
+            self.ended_on[trial_id] = worker
+
+    def _owe(self, trial_id: int, save: int | None) -> None:
+        if save is not None:
+            self.owed.setdefault(trial_id, set()).add(save)
+
+    # -- messages --------------------------------------------------------------------------------
+    def _send(self, trial_id: int, message: tuple[Any, ...]) -> None:
+        worker = self.where.get(trial_id)  # a live worker: `_died` takes a dead one's trials out of `where`
+        if worker is not None:
+            self.running.add(trial_id)
+            self._write(worker, message)  # if the worker died, `_died` failed this step with its others
+        elif self.owed.get(trial_id):  # its worker died while the driver waited on it: the saves asked since fail
+            self.ready.append(self._lost(trial_id, 0, error=None))
+
+    def _write(self, worker: _Worker, message: tuple[Any, ...]) -> None:
+        try:
+            worker.conn.send_bytes(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
+        except OSError:
+            self._died(worker)
+
+    def _ask(self, worker: _Worker, message: tuple[Any, ...]) -> Any:
+        """Send `message` and wait for the worker's reply (None if the worker died); events that arrive first are
+        kept for `wait`."""
+        if worker.alive:
+            self._write(worker, message)
+        while worker.alive:
+            reply = self._receive(worker)
+            if reply is not None and reply[0] == "reply":
+                return reply[1]
+        return None
+
+    def _receive(self, worker: _Worker) -> tuple[Any, ...] | None:
+        """One message from `worker`; events go to `ready`. None where the worker died."""
+        try:
+            message = pickle.loads(worker.conn.recv_bytes())
+        except (EOFError, OSError):
+            self._died(worker)
+            return None
+        if message[0] == "event":
+            self._settle(message[1])
+        elif message[0] == "snapshot":
+            self.snapshots[message[1]] = message[2]
+        elif message[0] == "crash":
+            self._died(worker, message[1])
+            return None
+        return message
+
+    def _settle(self, event: StepEvent) -> None:
+        if event.metrics is not None or event.error is not None:
+            self.running.discard(event.trial_id)
+        owed = self.owed.get(event.trial_id)
+        if owed is not None:
+            owed.difference_update(c.step for c in event.saved)
+            if not owed:
+                self.ended_on.pop(event.trial_id, None)
+        self.ready.append(event)
+
+    def _died(self, worker: _Worker, error: str | None = None) -> None:
+        """Fail the running steps of `worker`'s trials and every save it owed, of ended trials too; the next launch
+        replaces it."""
+        if not worker.alive:
+            return
+        worker.alive = False
+        worker.process.join(timeout=5)
+        if worker.process.is_alive():  # its pipe broke but it lives on: it hosts nothing the driver can reach
+            worker.process.kill()
+            worker.process.join()
+        reason = error or self._reason(worker)
+        for trial_id in sorted(worker.trials):
+            self._settle(self._lost(trial_id, worker.process.pid, error=reason))
+            self.where.pop(trial_id, None)
+        worker.trials.clear()
+        for trial_id in sorted(t for t, w in self.ended_on.items() if w is worker):  # their final saves
+            del self.ended_on[trial_id]
+            self.ready.append(self._lost(trial_id, worker.process.pid, error=None))
+
+    @staticmethod
+    def _reason(worker: _Worker) -> str:
+        return f"worker process {worker.process.pid} died (exit code {worker.process.exitcode})"
+
+    def _lost(self, trial_id: int, pid: int | None, error: str | None) -> StepEvent:
+        """The event that ends a trial's attempt on a dead worker (`error`), with the saves it owed, failed."""
+        saved = tuple(Checkpoint(trial_id, step, error="the worker process writing it died")
+                      for step in sorted(self.owed.pop(trial_id, ())))
+        now = self.now()
+        return StepEvent(trial_id, None, error, now, now, os.uname().nodename, pid or 0, saved)
+
+    def wait(self) -> list[StepEvent]:
+        while not self.ready:
+            live = {w.conn: w for w in self.pool if w.alive}
+            if not self.running and not any(self.owed.values()) or not live:
+                raise RuntimeError("wait() called with no step running")
+            for conn in wait(list(live)):
+                worker = live[conn]
+                while worker.alive and self._receive(worker) is not None and worker.conn.poll():
+                    pass
+        events, self.ready = self.ready, []
+        return events
+
+    def close(self) -> None:
+        for worker in self.pool:
+            if worker.alive:
+                self._write(worker, ("close",))
+        for worker in self.pool:
+            worker.process.join(timeout=10)
+            if worker.process.is_alive():
+                worker.process.kill()
+                worker.process.join()
+            worker.conn.close()
+        self.pool, self.where = [], {}
+
+
+REPLIES = ("exploit_state", "keep")  # messages the driver waits on: the worker replies to each
+
+
+def _serve(conn: Connection, trainer_cls: type, checkpoints: Storage | None, t0: float, threads: int) -> None:
+    """A worker's loop: read every message that has come, then run one queued step and send its event."""
+    import sys
+
+    if "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(threads)
+    outgoing: queue.SimpleQueue[Any] = queue.SimpleQueue()  # a sender thread: a large reply never blocks reading
+
+    def send() -> None:
+        while (message := outgoing.get()) is not None:
+            conn.send_bytes(_dumps(message))
+
+    sender = threading.Thread(target=send, name="nasplat-worker-sender", daemon=True)
+    sender.start()
+    local = LocalExecutor(1)
+    try:
+        local.open(trainer_cls, "worker", checkpoints)
+        local.t0 = t0
+        while True:
+            while not local.queue or conn.poll():
+                message = pickle.loads(conn.recv_bytes())
+                if message[0] == "close":
+                    return
+                if message[0] in REPLIES:
+                    try:
+                        reply = _handle(local, message)
+                    except Exception:  # e.g. a trainer without `state_dict`: the receiver loads the fallback
+                        reply = None
+                    outgoing.put(("reply", reply))
+                else:
+                    _handle(local, message)
+                if message[0] == "step" and message[1] in local.snapshots:  # the driver holds it, as on Ray
+                    outgoing.put(("snapshot", message[1], local.snapshots.pop(message[1])))
+            for event in local.wait():
+                outgoing.put(("event", event))
+    except (EOFError, KeyboardInterrupt):
+        return
+    except BaseException:
+        outgoing.put(("crash", traceback.format_exc()))
+    finally:
+        local.close()
+        outgoing.put(None)
+        sender.join(timeout=30)
+
+
+def _dumps(message: tuple[Any, ...]) -> bytes:
+    """A worker's message pickled (tensors by value, like `torch.save`: no shared memory to track); a step event whose
+    metrics cannot be pickled becomes that step's error, a state that cannot be becomes None (the fallback)."""
+    try:
+        return pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception as exc:
+        if message[0] != "event":
+            return pickle.dumps(message[:-1] + (None,), protocol=pickle.HIGHEST_PROTOCOL)
+        event = message[1]
+        error = f"the step's metrics could not be sent from the worker process: {type(exc).__name__}: {exc}"
+        return pickle.dumps(("event", replace(event, metrics=None, error=error)), protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def _handle(local: LocalExecutor, message: tuple[Any, ...]) -> Any:
+    """Apply one driver message to the worker's `LocalExecutor`; the reply where the driver waits for one."""
+    kind, trial_id, *args = message
+    if kind == "launch":
+        local.launch(trial_id, *args)
+    elif kind == "step":
+        local.step(trial_id, *args)
+    elif kind == "adopt":
+        local.adopt(trial_id, *args)
+    elif kind == "exploit_state":
+        return local.exploit_state(trial_id, *args)
+    elif kind == "stop":
+        local.stop(trial_id, save=args[0])
+    elif kind == "keep":
+        local.stop(trial_id, keep_state=True, save=args[0])
+        return local.kept.pop(trial_id, None)
+    else:
+        raise ValueError(f"unknown message {kind!r}")
+    return None

@@ -1,0 +1,123 @@
+"""The `processes` executor in whole runs: steps side by side in forked workers, a killed worker, bad options.
+(The executor contract suite runs on it too: tests/test_executor_contract.py.)"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+from typing import Any
+
+import pytest
+
+import nasplat
+from nasplat import Float, Trainer
+from nasplat.results import ExperimentResult
+
+MEET = multiprocessing.get_context("fork").Barrier(2, timeout=60)  # inherited by the workers the executor forks
+
+
+class Meeting(Trainer):
+    """Each step waits at a barrier of two: it passes only if a step of another trial runs at the same time."""
+
+    def setup(self, config: dict[str, Any], ctx: Any) -> None:
+        self.x, self.t = config["x"], 0
+
+    def step(self) -> dict[str, Any]:
+        MEET.wait()
+        self.t += 1
+        return {"score": -(self.x - 1.0) ** 2 + self.t}
+
+
+class Counting(Trainer):
+    """Counts its steps; its state is that count."""
+
+    def setup(self, config: dict[str, Any], ctx: Any) -> None:
+        self.x, self.t = config["x"], 0
+
+    def step(self) -> dict[str, Any]:
+        self.t += 1
+        return {"score": self.x + self.t, "t": self.t}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"t": self.t}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.t = state["t"]
+
+
+def test_two_workers_step_side_by_side_in_their_own_processes():
+    result = nasplat.run(trainer=Meeting, space={"x": Float(0.0, 2.0)}, metric="score", executor="processes",
+                         concurrency=2, executor_options={"processes": 2}, max_trials=4, max_steps=2, seed=0)
+    assert result.counts() == {"completed": 4}  # every step met one of another trial: none waited out the barrier
+    pids = {row["pid"] for row in result.rows}
+    assert len(pids) == 2 and os.getpid() not in pids
+
+
+class KillWorkerOnFirstRow:
+    """A listener that SIGKILLs the worker process that reported the first row (step 1 of 3)."""
+
+    def __init__(self) -> None:
+        self.killed: tuple[int, int] | None = None  # (trial id of the row, pid)
+
+    def on_row(self, engine: Any, row: dict[str, Any]) -> None:
+        if self.killed is None:
+            self.killed = (row["trial_id"], row["pid"])
+            os.kill(row["pid"], signal.SIGKILL)
+
+
+@pytest.mark.parametrize("max_failures", [0, 1])
+def test_a_killed_worker_fails_its_trial_and_the_run_goes_on(tmp_path, max_failures):
+    killer = KillWorkerOnFirstRow()
+    result = nasplat.run(trainer=Counting, space={"x": Float(0.0, 2.0)}, metric="score", executor="processes",
+                         concurrency=2, max_trials=6, max_steps=3, max_failures=max_failures, seed=0,
+                         storage=tmp_path, name=f"kill-{max_failures}", checkpoint={"every": 1},
+                         callbacks=[killer])
+    assert killer.killed is not None
+    pid = killer.killed[1]
+    ended = [r for r in result.rows if r["status"] in ("failed", "retried")]
+    assert len(ended) == 1  # the trial the killed worker ran then; the other worker's went on untouched
+    trial = ended[0]["trial_id"]
+    assert f"worker process {pid} died" in ended[0]["error"]
+    assert {r["pid"] for r in result.rows if r["trial_id"] == trial and r["attempt"] == 0} <= {pid}
+    counts = result.counts()
+    if max_failures == 0:
+        assert counts == {"completed": 5, "failed": 1}
+    else:  # the retry runs on a new worker, from the trial's last durable checkpoint (the killed worker wrote
+        # them, so maybe none), and reaches step 3 with a state that agrees with its steps
+        assert counts == {"completed": 6}
+        retry = [r for r in result.rows if r["trial_id"] == trial and r["attempt"] == 1]
+        assert retry[-1]["step"] == 3 and all(r["t"] == r["step"] and r["pid"] != pid for r in retry)
+    assert ExperimentResult.load(tmp_path / f"kill-{max_failures}").rows == result.rows  # every row on disk
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"processes": 0}, "`processes` must be an integer >= 1 (worker processes), got processes=0"),
+    ({"threads": "2"}, "`threads` must be an integer >= 1 (torch threads per worker), got threads='2'"),
+])
+def test_bad_options_get_one_clear_line(options, message):
+    with pytest.raises(ValueError) as info:
+        nasplat.run(trainer=Counting, space={"x": Float(0.0, 2.0)}, metric="score", executor="processes",
+                    max_trials=1, executor_options=options)
+    assert str(info.value) == message
+
+
+class Unpicklable(Trainer):
+    """Reports a metric that cannot leave the worker process (a function) at step 2 when x > 0.5."""
+
+    def setup(self, config: dict[str, Any], ctx: Any) -> None:
+        self.x, self.t = config["x"], 0
+
+    def step(self) -> dict[str, Any]:
+        self.t += 1
+        return {"score": float(self.t), **({"how": lambda: self.t} if self.t == 2 and self.x > 0.5 else {})}
+
+
+def test_metrics_that_cannot_leave_the_worker_fail_that_trial_only():
+    result = nasplat.run(trainer=Unpicklable, space={"x": Float(0.0, 1.0)}, metric="score", executor="processes",
+                         concurrency=2, max_trials=8, max_steps=3, seed=0)
+    failed = [r for r in result.rows if r["status"] == "failed"]
+    assert failed and all(r["config"]["x"] > 0.5 and r["step"] == 2 for r in failed)
+    assert all("could not be sent from the worker process" in r["error"] for r in failed)
+    completed = [r for r in result.rows if r["status"] == "completed"]
+    assert len(failed) + len(completed) == 8 and all(r["config"]["x"] <= 0.5 for r in completed)
