@@ -105,6 +105,11 @@ def run(*, trainer: type | str, controller: str | type | Controller = "random", 
     `time_budget_s` then counts simulated seconds: trials start while the clock is below it, and a trial
     started just before the end still finishes. This is how tabular and surrogate objectives are searched
     (NAS-Bench-201 in `benchmarks/nb201.py`; a table of your own in `examples/tabular.py`).
+
+    `executor="local"` steps the trials in this process, one at a time; `executor="processes"` in worker processes
+    forked from this one (`executor_options={"processes": n, "threads": k}`; default one per core, the cores'
+    torch threads shared out), which start in milliseconds with what this process has loaded; `executor="ray"` in
+    Ray actors, on this machine or a cluster.
     """
     spec = dict(trainer=trainer, controller=controller, space=space, metric=metric, mode=mode,
                 constraints=constraints, executor=executor,
