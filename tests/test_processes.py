@@ -1,5 +1,6 @@
-"""The `processes` executor in whole runs: steps side by side in forked workers, a killed worker, bad options.
-(The executor contract suite runs on it too: tests/test_executor_contract.py.)"""
+"""The `processes` executor in whole runs: steps side by side in forked workers, a killed worker, metrics that
+cannot leave a worker, bad options, ASHA's pause and promotion. (The executor contract suite runs on it too:
+tests/test_executor_contract.py.)"""
 
 from __future__ import annotations
 
@@ -121,3 +122,14 @@ def test_metrics_that_cannot_leave_the_worker_fail_that_trial_only():
     assert all("could not be sent from the worker process" in r["error"] for r in failed)
     completed = [r for r in result.rows if r["status"] == "completed"]
     assert len(failed) + len(completed) == 8 and all(r["config"]["x"] <= 0.5 for r in completed)
+
+
+def test_asha_promote_resumes_paused_trials_from_their_kept_state():
+    result = nasplat.run(trainer=Counting, space={"x": Float(0.0, 2.0)}, metric="score", executor="processes",
+                         concurrency=2, max_trials=6, max_steps=3, seed=5,
+                         scheduler={"name": "asha", "type": "promote"})
+    rows = result.rows
+    promoted = [r for r in rows if r["step"] == 2]
+    assert len([r for r in rows if r["status"] == "paused"]) == 6 and len(promoted) >= 2
+    assert all(r["t"] == r["step"] for r in rows)  # a promoted trial went on from the state kept at its pause
+    assert result.counts() == {"paused": 6 - len(promoted), "completed": len(promoted)}
