@@ -96,6 +96,11 @@ def niceness(value: int) -> Iterator[None]:
             print(f"could not restore niceness {before}; the rest runs at {value}", file=sys.stderr)
 
 
+def nasplat_niceness(args: argparse.Namespace) -> Any:
+    """`--niceness` for nasplat's `processes` and `local` runs (Ray's workers run at 15); `ray`'s as it is."""
+    return niceness(args.niceness if args.executor != "ray" else os.getpriority(os.PRIO_PROCESS, 0))
+
+
 def run_nasplat(seed: int, args: argparse.Namespace, storage: str, *, pbt: bool) -> dict[str, Any]:
     """nasplat's PBT, or (pbt=False) random search over the same configs with no exploits."""
     options: dict[str, Any] = {"executor": args.executor, "concurrency": MEMBERS, "max_trials": MEMBERS,
@@ -103,7 +108,7 @@ def run_nasplat(seed: int, args: argparse.Namespace, storage: str, *, pbt: bool)
                                "name": f"{'pbt' if pbt else 'random'}-{seed}"}
     if args.executor == "ray":
         options["executor_options"] = {"cpus_per_trial": args.cpus / MEMBERS}
-    with niceness(args.niceness if args.executor != "ray" else os.getpriority(os.PRIO_PROCESS, 0)):
+    with nasplat_niceness(args):
         began = time.perf_counter()
         result = _run(seed, args, options, pbt=pbt)
         wall = time.perf_counter() - began
@@ -139,7 +144,7 @@ def epoch_seconds(args: argparse.Namespace) -> float:
             trainer.step()
             times.put(time.perf_counter() - began)
 
-    with niceness(args.niceness if args.executor != "ray" else os.getpriority(os.PRIO_PROCESS, 0)):
+    with nasplat_niceness(args):
         workers = [context.Process(target=train) for _ in range(args.cpus)]
         for worker in workers:
             worker.start()
@@ -258,9 +263,9 @@ def report(results: dict[str, list[dict[str, Any]]], args: argparse.Namespace, e
               f"{values(name, 'epochs').mean():>8.1f}{values(name, 'exploits').mean():>10.1f}"
               f"{values(name, 'wall').mean():>9.1f}")
     mean = {name: round(100 * float(values(name, "best_valid").mean()), 2) for name in results}
-    ratio = float(values("nasplat-pbt", "wall").mean() / values("tune-pbt", "wall").mean())
-    work = MEMBERS * args.epochs * epoch
     tune_wall = float(values("tune-pbt", "wall").mean())
+    ratio = float(values("nasplat-pbt", "wall").mean()) / tune_wall
+    work = MEMBERS * args.epochs * epoch
     print(f"compute floor: an epoch takes {epoch:.3f} s with {args.cpus} cores busy; {MEMBERS * args.epochs} epochs "
           f"= {work / args.cpus:.1f} s on {args.cpus} cores ({work / args.cpus / tune_wall:.3f}x Tune's wall)")
     print(f"goals: nasplat PBT >= random ({mean['nasplat-pbt']} vs {mean['random']}) and >= Tune "
