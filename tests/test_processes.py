@@ -59,11 +59,11 @@ class KillWorkerOnFirstRow:
     """A listener that SIGKILLs the worker process that reported the first row (step 1 of 3)."""
 
     def __init__(self) -> None:
-        self.killed: tuple[int, int] | None = None  # (trial id of the row, pid)
+        self.killed: int | None = None  # the pid
 
     def on_row(self, engine: Any, row: dict[str, Any]) -> None:
         if self.killed is None:
-            self.killed = (row["trial_id"], row["pid"])
+            self.killed = row["pid"]
             os.kill(row["pid"], signal.SIGKILL)
 
 
@@ -74,8 +74,8 @@ def test_a_killed_worker_fails_its_trial_and_the_run_goes_on(tmp_path, max_failu
                          concurrency=2, max_trials=6, max_steps=3, max_failures=max_failures, seed=0,
                          storage=tmp_path, name=f"kill-{max_failures}", checkpoint={"every": 1},
                          callbacks=[killer])
-    assert killer.killed is not None
-    pid = killer.killed[1]
+    pid = killer.killed
+    assert pid is not None
     ended = [r for r in result.rows if r["status"] in ("failed", "retried")]
     assert len(ended) == 1  # the trial the killed worker ran then; the other worker's went on untouched
     trial = ended[0]["trial_id"]

@@ -95,8 +95,7 @@ class ProcessExecutor(Executor):
                 fallback: Checkpoint | None = None) -> Any:
         donor = self.where.get(donor_id)
         if donor is not None:  # take in the snapshots its worker has sent so far
-            while donor.alive and donor.conn.poll() and self._receive(donor) is not None:
-                pass
+            self._drain(donor)
         state = self.snapshots.get(donor_id)
         if state is None and donor is not None:  # no snapshot: its state once the step it is running ends
             state = self._ask(donor, ("exploit_state", donor_id, fallback))
@@ -155,6 +154,11 @@ class ProcessExecutor(Executor):
             if reply is not None and reply[0] == "reply":
                 return reply[1]
         return None
+
+    def _drain(self, worker: _Worker) -> None:
+        """Take in every message `worker` has sent so far (an end of file marks it dead)."""
+        while worker.alive and worker.conn.poll() and self._receive(worker) is not None:
+            pass
 
     def _receive(self, worker: _Worker) -> tuple[Any, ...] | None:
         """One message from `worker`; events go to `ready`. None where the worker died."""
@@ -218,9 +222,7 @@ class ProcessExecutor(Executor):
             if not self.running and not any(self.owed.values()) or not live:
                 raise RuntimeError("wait() called with no step running")
             for conn in wait(list(live)):
-                worker = live[conn]
-                while worker.alive and self._receive(worker) is not None and worker.conn.poll():
-                    pass
+                self._drain(live[conn])
         events, self.ready = self.ready, []
         return events
 
