@@ -251,7 +251,7 @@ class Engine:
         record.step, record.metrics = step, metrics
         result = Result(metrics, step)
         decision = self.controller.on_result(record.trial_id, result)
-        done = step >= self.budget.max_steps or metrics.get("done") is True
+        done = step - record.behind >= self.budget.max_steps or metrics.get("done") is True
         status = "completed" if done else "stopped" if isinstance(decision, Stop) else (
             "paused" if isinstance(decision, Pause) else "running")
         if status == "paused":
@@ -262,6 +262,8 @@ class Engine:
         elif isinstance(decision, Exploit):
             self.exploits += 1
             record.config = decision.config
+            if decision.donor_step is not None:  # it goes on from the donor's progress at that step
+                record.behind = step - decision.donor_step + self.trials[decision.donor_id].behind
         return status, decision
 
     def end(self, record: TrialRecord, status: str, result: Result) -> None:

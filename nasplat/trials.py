@@ -22,6 +22,7 @@ class TrialRecord:
     attempt: int = 0
     metrics: dict[str, Any] = field(default_factory=dict)
     error: str | None = None
+    behind: int = 0  # steps its count runs ahead of its training progress (exploits of donors' earlier states)
     restart: tuple[Any, int] | None = None  # (in-memory state handle, step) a retry may start from, set by exploits
     checkpoint: Checkpoint | None = None  # the latest durable checkpoint
     inherit: Any = None  # the parent's final state handle the trial starts from (evolution's inherit_weights)

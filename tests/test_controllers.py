@@ -222,13 +222,33 @@ def test_pbt_bottom_quantile_exploits_the_top() -> None:
     for step in range(1, 7):
         for member in range(4):  # member 3 is the best, member 0 the worst, at every step
             decisions[step, member] = controller.on_result(member, Result({METRIC: member + 0.1 * step}, step))
+    # At step 3 member 0 reports first, alone in the ranking; at step 6 the others are ranked by their step-3 scores.
     for (step, member), decision in decisions.items():
-        if step in (3, 6) and member == 0:
-            assert isinstance(decision, Exploit) and decision.donor_id == 3
+        if (step, member) == (6, 0):
+            assert isinstance(decision, Exploit) and decision.donor_id == 3 and decision.donor_step == 3
             MIXED.validate(decision.config)
         else:
             assert decision == CONTINUE, (step, member, decision)
-    assert controller.exploits == [(3, 0, 3), (6, 0, 3)]
+    assert controller.exploits == [(6, 0, 3)]
+
+
+def test_pbt_ranks_by_perturbation_step_scores_and_copies_the_state_ranked() -> None:
+    """Like Ray Tune's PBT: a member is ranked by its score at its latest perturbation step, where its snapshot is,
+    and only members ranked there are in the race; the receiver goes on from the donor's step."""
+    controller = _pbt(quantile_fraction=0.5, perturbation_interval=3)
+    assert controller.on_result(0, Result({METRIC: 0.0}, 3)) == CONTINUE  # alone at a perturbation step: nobody to copy
+    for member, score in ((1, 1.0), (2, 2.0), (3, 3.0)):
+        assert controller.on_result(member, Result({METRIC: score}, 3)) == CONTINUE  # bottom half, but member 0 is
+    # Member 3 falls to the bottom at step 4, between perturbation steps: its rank (and state) stay those of step 3.
+    assert controller.on_result(3, Result({METRIC: -9.0}, 4)) == CONTINUE
+    decision = controller.on_result(0, Result({METRIC: 0.5}, 6))
+    assert isinstance(decision, Exploit) and decision.donor_id in (2, 3) and decision.donor_step == 3
+    # Member 0 exploited at step 6: it has no snapshot there, so while its step-6 score ranks it in the top half,
+    # it is no donor until its next perturbation step.
+    assert isinstance(controller.on_result(1, Result({METRIC: -1.0}, 6)), Exploit)
+    decision = controller.on_result(2, Result({METRIC: -2.0}, 6))
+    assert isinstance(decision, Exploit) and decision.donor_id == 3 and controller.quantiles()[1] == [3]
+    assert controller.on_result(0, Result({METRIC: 100.0}, 9)) == CONTINUE and 0 in controller.quantiles()[1]
 
 
 def test_pbt_exploit_config_is_the_donors_explored() -> None:
@@ -250,21 +270,23 @@ def test_pbt_exploit_config_is_the_donors_explored() -> None:
 
 def test_pbt_half_quantile_and_non_interval_steps() -> None:
     controller = _pbt(quantile_fraction=0.5, perturbation_interval=2)
-    first = [controller.on_result(m, Result({METRIC: float(m)}, 1)) for m in range(4)]
-    assert first == [CONTINUE] * 4
-    second = [controller.on_result(m, Result({METRIC: float(m)}, 2)) for m in range(4)]
-    assert [type(d) for d in second] == [Exploit, Exploit, Continue, Continue]
-    assert {second[0].donor_id, second[1].donor_id} <= {2, 3}
+    for step in (1, 2, 3):  # step 2: each member is ranked only among those that reported it before, as in Tune
+        assert [controller.on_result(m, Result({METRIC: float(m)}, step)) for m in range(4)] == [CONTINUE] * 4
+    fourth = [controller.on_result(m, Result({METRIC: float(m)}, 4)) for m in range(4)]
+    assert [type(d) for d in fourth] == [Exploit, Exploit, Continue, Continue]
+    assert {fourth[0].donor_id, fourth[1].donor_id} <= {2, 3}
 
 
 def test_pbt_nan_member_is_exploited_and_never_a_donor() -> None:
     controller = _pbt(quantile_fraction=0.5, perturbation_interval=2)
     for m in range(4):
-        controller.on_result(m, Result({METRIC: float(10 * m)}, 1))
-    decision = controller.on_result(3, Result({METRIC: float("nan")}, 2))  # the best member diverges
+        controller.on_result(m, Result({METRIC: float(10 * m)}, 2))
+    decision = controller.on_result(3, Result({METRIC: float("nan")}, 3))  # the best member diverges: ranked last now
+    assert decision == CONTINUE and controller.quantiles() == ([3, 0], [1, 2])
+    decision = controller.on_result(3, Result({METRIC: float("nan")}, 4))
     assert isinstance(decision, Exploit) and decision.donor_id in {1, 2}  # the top half of the finite ones
     assert 3 in controller.failed_trials
-    later = [controller.on_result(m, Result({METRIC: float(10 * m)}, 2)) for m in range(3)]
+    later = [controller.on_result(m, Result({METRIC: float(10 * m)}, 4)) for m in range(3)]
     assert all(not isinstance(d, Exploit) or d.donor_id != 3 for d in later)
 
 

@@ -133,3 +133,54 @@ def test_asha_promote_resumes_paused_trials_from_their_kept_state():
     assert len([r for r in rows if r["status"] == "paused"]) == 6 and len(promoted) >= 2
     assert all(r["t"] == r["step"] for r in rows)  # a promoted trial went on from the state kept at its pause
     assert result.counts() == {"paused": 6 - len(promoted), "completed": len(promoted)}
+
+
+HOLD, HELD = multiprocessing.get_context("fork").Event(), multiprocessing.get_context("fork").Event()
+
+
+class Holding(Counting):
+    """`Counting`, except that a config with `hold` makes its second step wait for `HOLD` (up to 3 s)."""
+
+    def setup(self, config: dict[str, Any], ctx: Any) -> None:
+        super().setup(config, ctx)
+        self.hold = config.get("hold", False)
+
+    def step(self) -> dict[str, Any]:
+        if self.hold and self.t == 1:
+            HELD.set()
+            HOLD.wait(timeout=3)
+        return super().step()
+
+
+def test_an_exploit_waits_for_the_snapshot_its_donors_busy_worker_has_yet_to_take():
+    """The donor's worker is busy with another trial's step when the donor is told to snapshot and go on: the exploit
+    copies that snapshot (the state the donor was ranked with), not the donor's older one the driver already holds."""
+    from nasplat.executors.processes import ProcessExecutor
+
+    HOLD.clear(), HELD.clear()
+    executor = ProcessExecutor(3, processes=2)
+    executor.open(Holding, "exploit-wait")
+    try:
+        for trial_id, config in enumerate(({"x": 0.0}, {"x": 1.0}, {"x": 2.0, "hold": True})):
+            executor.launch(trial_id, config, seed=trial_id)  # trials 0 and 2 share a worker; 1 has the other
+        assert executor.where[0] is executor.where[2] is not executor.where[1]
+        assert _counts(executor, 3) == {0: 1, 1: 1, 2: 1}
+        executor.step(0, snapshot=True)  # a snapshot at t=1, then t=2
+        assert _counts(executor, 1) == {0: 2}
+        executor.step(2)  # its worker is held in trial 2's step
+        assert HELD.wait(timeout=30)
+        executor.step(0, snapshot=True)  # snapshot at t=2: taken only once the worker reads this, after trial 2's step
+        executor.exploit(1, 0, {"x": 0.5})
+        HOLD.set()
+        assert _counts(executor, 3) == {0: 3, 1: 3, 2: 2}  # trial 1 trained on from the donor's t=2
+    finally:
+        HOLD.set()
+        executor.close()
+
+
+def _counts(executor: Any, n: int) -> dict[int, int]:
+    """The `t` of the next `n` step events, by trial."""
+    counts: dict[int, int] = {}
+    while len(counts) < n:
+        counts.update({e.trial_id: e.metrics["t"] for e in executor.wait() if e.metrics is not None})
+    return counts

@@ -48,10 +48,17 @@ class Stop:
 
 @dataclass(frozen=True)
 class Exploit:
-    """Load `donor_id`'s current state into the trial and go on with `config` (PBT)."""
+    """Load `donor_id`'s state into the trial and go on with `config` (PBT).
+
+    The state is the donor's latest snapshot (taken where `snapshot_due` said), else its current one. With
+    `donor_step`, the step that snapshot was taken at, the trial goes on from the donor's training progress: its
+    `max_steps` count as if it had trained only as far as the donor had at `donor_step`, so a trial that copies a
+    donor's earlier state trains on for the steps it gave up (as Ray Tune's PBT does). Without, it keeps its count.
+    """
 
     donor_id: int
     config: Config
+    donor_step: int | None = None
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,11 @@ class PopulationBasedTraining(Controller):
     Every `perturbation_interval` steps a member ranked in the bottom `quantile_fraction` of the members
     still training copies the state of one from the top quantile (`Exploit`) and continues with the
     donor's config perturbed (`Space.perturb`, resampling each decision with `resample_probability`).
-    A failed or NaN report ranks the member last until it reports a finite score again.
+    Members are ranked by their score at their latest perturbation step, and a donor gives the state it had
+    there (its snapshot), so what is copied is what was ranked; the receiver goes on from the donor's
+    progress at that step (`Exploit.donor_step`). A member that exploited at its latest perturbation step
+    has no snapshot there and is no donor until its next one. A failed or NaN report ranks the member last
+    until it reports a finite score again.
     """
 
     def __init__(self, space: Space | Mapping[str, Any], *, population_size: int = 4, perturbation_interval: int = 5,
@@ -39,7 +43,9 @@ class PopulationBasedTraining(Controller):
         self.quantile_fraction, self.resample_probability = quantile_fraction, resample_probability
         self.initial_configs = [dict(c) for c in initial_configs]
         self.configs: dict[int, Config] = {}
-        self.scores: dict[int, float] = {}  # latest score of each member still training
+        self.scores: dict[int, float] = {}  # each member still training: its score at its latest perturbation step
+        self.scored_at: dict[int, int] = {}  # the step of that score
+        self.snapshot_at: dict[int, int] = {}  # the step of each member's latest snapshot (a perturbation step)
         self.exploits: list[tuple[int, int, int]] = []  # (step, member, donor)
 
     def ask(self) -> TrialSpec | None:
@@ -57,30 +63,35 @@ class PopulationBasedTraining(Controller):
         return self.population_size
 
     def quantiles(self) -> tuple[list[int], list[int]]:
-        """(bottom, top) member ids among those still training, ranked by their latest score.
-
-        A member whose latest report failed (NaN) ranks last and is never in the top.
+        """(bottom, top) member ids among those still training and ranked: by their score at their latest
+        perturbation step (a member is ranked from its first). The top holds only members with a snapshot at that
+        step; a member whose latest report failed (NaN) ranks last and is never in the top.
         """
         ranked = sorted(self.scores, key=lambda t: (self.scores[t], -t))
         n = min(math.ceil(len(ranked) * self.quantile_fraction), len(ranked) // 2)
-        top = [t for t in ranked[len(ranked) - n:] if self.scores[t] > -math.inf] if n else []
+        top = [t for t in ranked[len(ranked) - n:]
+               if self.scores[t] > -math.inf and self.snapshot_at.get(t) == self.scored_at[t]] if n else []
         return ranked[:n], top
 
     def on_result(self, trial_id: int, result: Result) -> Decision:
         score = self._score_of(trial_id, result)
         if trial_id not in self.configs:  # not a member of this population
             return CONTINUE
-        self.scores[trial_id] = -math.inf if score is None else score
-        if result.step < 1 or result.step % self.perturbation_interval != 0:
+        perturbation = result.step >= 1 and result.step % self.perturbation_interval == 0
+        if perturbation or score is None or self.scores.get(trial_id) == -math.inf:
+            self.scores[trial_id] = -math.inf if score is None else score
+            self.scored_at[trial_id] = result.step
+        if not perturbation:
             return CONTINUE
         bottom, top = self.quantiles()
         if trial_id not in bottom or not top:
+            self.snapshot_at[trial_id] = result.step  # it goes on: the engine snapshots it here (`snapshot_due`)
             return CONTINUE
         donor = int(top[random_index(self.rng, len(top))])
         config = self.space.perturb(self.configs[donor], self.rng, resample_probability=self.resample_probability)
         self.configs[trial_id] = config
         self.exploits.append((result.step, trial_id, donor))
-        return Exploit(donor, copy_config(config))
+        return Exploit(donor, copy_config(config), donor_step=self.snapshot_at[donor])
 
     def snapshot_due(self, trial_id: int, step: int) -> bool:
         """At every perturbation step, where members are ranked and become donors."""
@@ -88,5 +99,5 @@ class PopulationBasedTraining(Controller):
 
     def tell(self, trial_id: int, result: Result) -> None:
         self._score_of(trial_id, result)
-        self.scores.pop(trial_id, None)  # a finished member's state is no longer available to copy
-        self.configs.pop(trial_id, None)
+        for known in (self.scores, self.scored_at, self.snapshot_at, self.configs):
+            known.pop(trial_id, None)  # a finished member's state is no longer available to copy

@@ -46,8 +46,8 @@ def serve(conn: Connection, trainer_cls: type, checkpoints: Storage | None, t0: 
                     outgoing.put(("reply", reply))
                 else:
                     _handle(local, message)
-                if message[0] == "step" and message[1] in local.snapshots:  # the driver holds it, as on Ray
-                    outgoing.put(("snapshot", message[1], local.snapshots.pop(message[1])))
+                if message[0] == "step" and message[2]:  # the driver holds snapshots, as on Ray (None: none taken)
+                    outgoing.put(("snapshot", message[1], local.snapshots.pop(message[1], None)))
             for event in local.wait():
                 outgoing.put(("event", event))
     except (EOFError, KeyboardInterrupt):

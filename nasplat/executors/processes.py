@@ -33,9 +33,10 @@ class ProcessExecutor(Executor):
     Each worker hosts its trials in a `LocalExecutor` of its own and steps them in turn, so a forked worker starts
     in milliseconds with whatever the driver had imported and loaded (torch, a dataset): no Ray, no actor start-up,
     no import per trial. A trial stays on the worker that launched it. States move through the driver: a worker sends
-    a trial's snapshot (`step(snapshot=True)`) as it takes it, so an exploit of a donor with a snapshot never waits;
-    without one, it waits for the donor's state after its running step. A worker that dies fails the steps of its
-    trials (the engine retries them on a live worker) and the saves it still owed.
+    a trial's snapshot (`step(snapshot=True)`) as it reads that step, and an exploit copies the donor's latest asked-for
+    snapshot, waiting (at most for the step its worker is running) if it has not come yet; without one, it waits for
+    the donor's state after its running step. A worker that dies fails the steps of its trials (the engine retries
+    them on a live worker) and the saves it still owed.
     """
 
     def __init__(self, concurrency: int = 1, *, processes: int | None = None, threads: int | None = None) -> None:
@@ -56,6 +57,7 @@ class ProcessExecutor(Executor):
         self.ended_on: dict[int, _Worker] = {}  # stopped trial id -> the worker that still owes its saves
         self.running: set[int] = set()  # trials with a step started and not yet reported
         self.snapshots: dict[int, Any] = {}  # trial id -> the state its worker sent at its latest `snapshot` step
+        self.in_flight: dict[int, int] = {}  # trial id -> snapshots asked for that its worker has not sent yet
         self.ready: list[StepEvent] = []  # events received while the driver waited for a reply
 
     def open(self, trainer: type, experiment: str, checkpoints: Storage | None = None) -> None:
@@ -85,17 +87,22 @@ class ProcessExecutor(Executor):
         worker.trials.add(trial_id)
         self.where[trial_id] = worker
         self.snapshots.pop(trial_id, None)
+        self.in_flight.pop(trial_id, None)
         self._send(trial_id, ("launch", trial_id, config, seed, state, inherit))
 
     def step(self, trial_id: int, snapshot: bool = False, save: int | None = None) -> None:
         self._owe(trial_id, save)
+        if snapshot:
+            self.in_flight[trial_id] = self.in_flight.get(trial_id, 0) + 1
         self._send(trial_id, ("step", trial_id, snapshot, save))
 
     def exploit(self, trial_id: int, donor_id: int, config: Config, save: int | None = None,
                 fallback: Checkpoint | None = None) -> Any:
         donor = self.where.get(donor_id)
-        if donor is not None:  # take in the snapshots its worker has sent so far
+        if donor is not None:  # take in the snapshots its worker has sent so far, and the one it is about to send
             self._drain(donor)
+            while self.in_flight.get(donor_id) and donor.alive and donor_id in self.where:
+                self._receive(donor)  # it takes a snapshot as it reads the step: within the step it is running
         state = self.snapshots.get(donor_id)
         if state is None and donor is not None:  # no snapshot: its state once the step it is running ends
             state = self._ask(donor, ("exploit_state", donor_id, fallback))
@@ -109,6 +116,7 @@ class ProcessExecutor(Executor):
 
     def stop(self, trial_id: int, keep_state: bool = False, save: int | None = None) -> None:
         self.snapshots.pop(trial_id, None)
+        self.in_flight.pop(trial_id, None)
         worker = self.where.pop(trial_id, None)
         if worker is None:
             return
@@ -170,7 +178,9 @@ class ProcessExecutor(Executor):
         if message[0] == "event":
             self._settle(message[1])
         elif message[0] == "snapshot":
-            self.snapshots[message[1]] = message[2]
+            self.in_flight[message[1]] = self.in_flight.get(message[1], 1) - 1
+            if message[2] is not None:
+                self.snapshots[message[1]] = message[2]
         elif message[0] == "crash":
             self._died(worker, message[1])
             return None
