@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import importlib
 import multiprocessing
 import os
 import pickle
+import sys
 import time
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
@@ -31,8 +33,9 @@ class ProcessExecutor(Executor):
     `concurrency`), each with `threads` torch threads (default: the cores shared out among them).
 
     Each worker hosts its trials in a `LocalExecutor` of its own and steps them in turn, so a forked worker starts
-    in milliseconds with whatever the driver had imported and loaded (torch, a dataset): no Ray, no actor start-up,
-    no import per trial. A trial stays on the worker that launched it. States move through the driver: a worker sends
+    in milliseconds with whatever the driver had imported and loaded (torch, a dataset; with torch, the driver first
+    imports the `torch._dynamo` every optimizer loads when first built): no Ray, no actor start-up, no import per
+    trial. A trial stays on the worker that launched it. States move through the driver: a worker sends
     a trial's snapshot (`step(snapshot=True)`) as it reads that step, and an exploit copies the donor's latest asked-for
     snapshot, waiting (at most for the step its worker is running) if it has not come yet; without one, it waits for
     the donor's state after its running step. A worker that dies fails the steps of its trials (the engine retries
@@ -63,6 +66,8 @@ class ProcessExecutor(Executor):
     def open(self, trainer: type, experiment: str, checkpoints: Storage | None = None) -> None:
         self.trainer_cls, self.checkpoints = trainer, checkpoints
         self.t0 = time.perf_counter()  # CLOCK_MONOTONIC: the workers' clocks read the same
+        if "torch" in sys.modules:  # every torch optimizer imports it when first built (~1 s): once, not per worker
+            importlib.import_module("torch._dynamo")
         self.pool = [self._fork() for _ in range(self.workers)]
 
     def _fork(self) -> _Worker:
