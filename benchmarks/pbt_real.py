@@ -7,8 +7,10 @@ epoch. Per seed, in one run, three methods train the same 8 configs (drawn by na
 seed) with the same trial seeds (nasplat's `SeedSequence([seed, trial, 0])`), each member `--epochs` epochs:
 
   nasplat-pbt  nasplat's PBT, 8 members, every `--interval` epochs the bottom `--quantile` copies a top member's
-               state and perturbs its config (`--resample` probability of resampling a value, else x0.8 / x1.2)
-  random       random search: the same 8 configs trained `--epochs` epochs each, no exploits (same total epochs)
+               state and perturbs its config (`--resample` probability of resampling a value, else x0.8 / x1.2);
+               the state is the one the donor was ranked with (at its latest perturbation step), and the receiver
+               trains on from the donor's progress, so a run can train a few more epochs than 192 (as Tune's does)
+  random       random search: the same 8 configs trained `--epochs` epochs each, no exploits (192 epochs)
   tune-pbt     Ray Tune's PopulationBasedTraining with the same interval, quantile, resample probability and
                space (`hyperparam_mutations`; values clipped to the space's bounds like nasplat's, since Tune's
                x1.2 would take momentum past 1), a checkpoint every interval as Tune's PBT needs,
@@ -29,7 +31,8 @@ each) train one member side by side for `--floor-epochs` epochs to print the com
 192 epochs need on `--cpus` busy cores with nothing else to do, against the wall times measured. Last line: JSON,
 accuracies in percent.
 
-    python benchmarks/pbt_real.py [--seeds 3] [--epochs 24] [--interval 4] [--executor processes|local|ray]
+    python benchmarks/pbt_real.py [--seeds 3] [--first-seed 0] [--epochs 24] [--interval 4]
+                                  [--executor processes|local|ray]
 """
 
 from __future__ import annotations
@@ -220,6 +223,7 @@ def run_tune(seed: int, args: argparse.Namespace, storage: str) -> dict[str, Any
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--first-seed", type=int, default=0, help="seeds first-seed .. first-seed + seeds - 1")
     parser.add_argument("--epochs", type=int, default=24, help="epochs of each member (one epoch a step)")
     parser.add_argument("--interval", type=int, default=4, help="epochs between exploits (perturbation interval)")
     parser.add_argument("--quantile", type=float, default=0.25, help="quantile fraction")
@@ -238,7 +242,7 @@ def main() -> None:
     epoch = epoch_seconds(args)
     results: dict[str, list[dict[str, Any]]] = {"nasplat-pbt": [], "random": [], "tune-pbt": []}
     with tempfile.TemporaryDirectory(prefix="nasplat-pbt-real-") as storage:
-        for seed in range(args.seeds):
+        for seed in range(args.first_seed, args.first_seed + args.seeds):
             results["nasplat-pbt"].append(run_nasplat(seed, args, storage, pbt=True))
             results["random"].append(run_nasplat(seed, args, storage, pbt=False))
             results["tune-pbt"].append(run_tune(seed, args, storage))

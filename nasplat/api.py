@@ -81,7 +81,8 @@ def run(*, trainer: type | str, controller: str | type | Controller = "random", 
     """Run a search: `controller` proposes configs of `space`, `executor` trains them with `trainer`.
 
     `concurrency` trials run at once (default: 1 in process, as many as the Ray cluster's CPUs hold on
-    `ray`). Each trial runs up to `max_steps` steps of `trainer`; the search asks for new trials until `max_trials`
+    `ray`). Each trial runs up to `max_steps` steps of `trainer` (a PBT member that copied a donor's earlier state
+    trains on until its lineage has trained that many); the search asks for new trials until `max_trials`
     trials were started and/or `time_budget_s` seconds passed on the executor's clock. A trial that raises is
     retried `max_failures` times; once more than `max_failed_trials` trials failed (None: no limit) the run stops
     and raises `ExperimentFailed` with the first errors. Several objectives: `metric=[...]`, `mode=[...]` (one

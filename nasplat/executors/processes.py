@@ -111,7 +111,8 @@ class ProcessExecutor(Executor):
         state = self.snapshots.get(donor_id)
         if state is None and donor is not None:  # no snapshot: its state once the step it is running ends
             state = self._ask(donor, ("exploit_state", donor_id, fallback))
-            state = self.snapshots.get(donor_id, state)  # a snapshot sent before the reply comes first
+            sent = self.snapshots.get(donor_id)
+            state = state if sent is None else sent  # a snapshot sent before the reply comes first
         if state is None:
             state = self.kept.get(donor_id, fallback)
         self.snapshots.pop(trial_id, None)
@@ -184,8 +185,7 @@ class ProcessExecutor(Executor):
             self._settle(message[1])
         elif message[0] == "snapshot":
             self.in_flight[message[1]] = self.in_flight.get(message[1], 1) - 1
-            if message[2] is not None:
-                self.snapshots[message[1]] = message[2]
+            self.snapshots[message[1]] = message[2]  # None (it could not be taken): an exploit asks for the state
         elif message[0] == "crash":
             self._died(worker, message[1])
             return None
