@@ -238,7 +238,7 @@ def test_pbt_ranks_by_perturbation_step_scores_and_copies_the_state_ranked() -> 
     controller = _pbt(quantile_fraction=0.5, perturbation_interval=3)
     assert controller.on_result(0, Result({METRIC: 0.0}, 3)) == CONTINUE  # alone at a perturbation step: nobody to copy
     for member, score in ((1, 1.0), (2, 2.0), (3, 3.0)):
-        assert controller.on_result(member, Result({METRIC: score}, 3)) == CONTINUE  # bottom half, but member 0 is
+        assert controller.on_result(member, Result({METRIC: score}, 3)) == CONTINUE  # member 0 holds the bottom
     # Member 3 falls to the bottom at step 4, between perturbation steps: its rank (and state) stay those of step 3.
     assert controller.on_result(3, Result({METRIC: -9.0}, 4)) == CONTINUE
     decision = controller.on_result(0, Result({METRIC: 0.5}, 6))
