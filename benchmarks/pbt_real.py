@@ -28,8 +28,8 @@ temporary folder (nasplat `storage`, Tune `storage_path`); each wall time is mea
 Metric of every method: the best validation accuracy any member reported at any epoch (and that row's test
 accuracy, only reported), mean ± std over seeds. Before the seeds, `--cpus` forked processes (one torch thread
 each) train one member side by side for `--floor-epochs` epochs to print the compute floor: the seconds a run's
-192 epochs need on `--cpus` busy cores with nothing else to do, against the wall times measured. Last line: JSON,
-accuracies in percent.
+192 epochs need on `--cpus` busy cores with nothing else to do, against the wall times measured, and each method's
+wall against the floor of its own mean epochs. Last line: JSON, accuracies in percent.
 
     python benchmarks/pbt_real.py [--seeds 3] [--first-seed 0] [--epochs 24] [--interval 4]
                                   [--executor processes|local|ray]
@@ -272,6 +272,9 @@ def report(results: dict[str, list[dict[str, Any]]], args: argparse.Namespace, e
     work = MEMBERS * args.epochs * epoch
     print(f"compute floor: an epoch takes {epoch:.3f} s with {args.cpus} cores busy; {MEMBERS * args.epochs} epochs "
           f"= {work / args.cpus:.1f} s on {args.cpus} cores ({work / args.cpus / tune_wall:.3f}x Tune's wall)")
+    print("wall against the floor of each method's own epochs: " + ", ".join(
+        f"{name} {values(name, 'wall').mean() / (values(name, 'epochs').mean() * epoch / args.cpus):.2f}x"
+        for name in results))
     print(f"goals: nasplat PBT >= random ({mean['nasplat-pbt']} vs {mean['random']}) and >= Tune "
           f"({mean['tune-pbt']}); wall {ratio:.3f}x Tune's (goal <= 0.333)")
     print(json.dumps({"nasplat_pbt_valid": mean["nasplat-pbt"], "random_valid": mean["random"],
