@@ -184,3 +184,29 @@ def _counts(executor: Any, n: int) -> dict[int, int]:
     while len(counts) < n:
         counts.update({e.trial_id: e.metrics["t"] for e in executor.wait() if e.metrics is not None})
     return counts
+
+
+class Uneven(Counting):
+    """`Counting` whose even trials run 20 steps and odd trials 1 (it says it is done): trials of different lengths."""
+
+    def step(self) -> dict[str, Any]:
+        metrics = super().step()
+        return {**metrics, "done": self.t >= (20 if self.ctx.trial_id % 2 == 0 else 1)}
+
+
+def test_a_worker_with_nothing_to_run_takes_over_a_trial_waiting_on_another():
+    """Trials 0 and 2 (20 steps) share a worker, 1 and 3 (1 step) the other: once 1 and 3 end, one of the long trials
+    moves to the idle worker with its state and goes on there, and every row is what the in-process executor
+    records."""
+    def run(executor: str) -> ExperimentResult:
+        return nasplat.run(trainer=Uneven, space={"x": Float(0.0, 1.0)}, metric="score", executor=executor,
+                           concurrency=4, max_trials=4, max_steps=20, seed=0)
+
+    moved, here = run("processes").rows, run("local").rows
+    pids = {t: [r["pid"] for r in moved if r["trial_id"] == t] for t in range(4)}
+    assert pids[0][0] == pids[2][0] != pids[1][0] == pids[3][0]  # where they were launched
+    assert any(len(set(pids[t])) == 2 for t in (0, 2))  # a long trial went on in the other worker
+
+    def key(rows: list[dict[str, Any]]) -> list[tuple[int, int, float, int]]:
+        return sorted((r["trial_id"], r["step"], r["score"], r["t"]) for r in rows)
+    assert key(moved) == key(here) and len(here) == 42  # its state came along: nothing lost, nothing repeated

@@ -12,9 +12,10 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from nasplat.executors.local import LocalExecutor
+from nasplat.space import Config
 from nasplat.storage import Storage
 
-REPLIES = ("exploit_state", "keep")  # messages the driver waits on: the worker replies to each
+REPLIES = ("exploit_state", "keep", "give")  # messages the driver waits on: the worker replies to each
 
 
 def serve(conn: Connection, trainer_cls: type, checkpoints: Storage | None, t0: float, threads: int) -> None:
@@ -75,6 +76,8 @@ def _dumps(message: tuple[Any, ...]) -> bytes:
 
 def _handle(local: LocalExecutor, message: tuple[Any, ...]) -> Any:
     """Apply one driver message to the worker's `LocalExecutor`; the reply where the driver waits for one."""
+    if message[0] == "give":
+        return _give(local, message[1])
     kind, trial_id, *args = message
     if kind == "launch":
         local.launch(trial_id, *args)
@@ -91,4 +94,23 @@ def _handle(local: LocalExecutor, message: tuple[Any, ...]) -> Any:
         return local.kept.pop(trial_id, None)
     else:
         raise ValueError(f"unknown message {kind!r}")
+    return None
+
+
+def _give(local: LocalExecutor, candidates: list[int]) -> tuple[int, Config, int, Any] | None:
+    """Hand over the candidate whose queued step would run last here: (trial id, config, seed, a copy of its state),
+    the trial stopped here without its step; None where no candidate waits here with a state that can be copied."""
+    for index in range(len(local.queue) - 1, -1, -1):
+        kind, trial_id = local.queue[index]
+        host = local.hosts.get(trial_id)
+        if kind != "step" or trial_id not in candidates or host is None or host.trainer is None \
+                or trial_id in local.failed_setup or local.unreported[trial_id]:
+            continue
+        try:
+            state = host.copy()
+        except Exception:  # e.g. a trainer without `state_dict`: it stays
+            continue
+        del local.queue[index]
+        local.stop(trial_id)
+        return trial_id, host.config, host.trainer.ctx.seed, state
     return None

@@ -35,11 +35,13 @@ class ProcessExecutor(Executor):
     Each worker hosts its trials in a `LocalExecutor` of its own and steps them in turn, so a forked worker starts
     in milliseconds with whatever the driver had imported and loaded (torch, a dataset; with torch, the driver first
     imports the `torch._dynamo` every optimizer loads when first built): no Ray, no actor start-up, no import per
-    trial. A trial stays on the worker that launched it. States move through the driver: a worker sends
-    a trial's snapshot (`step(snapshot=True)`) as it reads that step, and an exploit copies the donor's latest asked-for
-    snapshot, waiting (at most for the step its worker is running) if it has not come yet; without one, it waits for
-    the donor's state after its running step. A worker that dies fails the steps of its trials (the engine retries
-    them on a live worker) and the saves it still owed.
+    trial. A trial stays on the worker that launched it, except that where one worker has no step to run while
+    another has steps waiting, one of those trials moves over with its state between two steps (its trainer is built
+    anew there, as on a retry: a trainer's own random streams restart from its seed). States move through the
+    driver: a worker sends a trial's snapshot (`step(snapshot=True)`) as it reads that step, and an exploit copies the
+    donor's latest asked-for snapshot, waiting (at most for the step its worker is running) if it has not come yet;
+    without one, it waits for the donor's state after its running step. A worker that dies fails the steps of its
+    trials (the engine retries them on a live worker) and the saves it still owed.
     """
 
     def __init__(self, concurrency: int = 1, *, processes: int | None = None, threads: int | None = None) -> None:
@@ -231,7 +233,28 @@ class ProcessExecutor(Executor):
         now = self.now()
         return StepEvent(trial_id, None, error, now, now, os.uname().nodename, pid or 0, saved)
 
+    def _balance(self) -> None:
+        """Trials run for different times: where a worker has no step to run and another has steps waiting, move one
+        of those trials to it. Its worker hands over the trial's state between steps, as for an exploit."""
+        live = [w for w in self.pool if w.alive]
+        idle = [w for w in live if not w.trials & self.running]
+        for busy in sorted(live, key=lambda w: len(w.trials & self.running), reverse=True):
+            waiting = busy.trials & self.running
+            movable = sorted(t for t in waiting if not self.owed.get(t) and not self.in_flight.get(t))
+            if not idle or len(waiting) < 2 or not movable:
+                return
+            given = self._ask(busy, ("give", movable))
+            if given is not None:
+                trial_id, config, seed, state = given
+                target = idle.pop()
+                busy.trials.discard(trial_id)
+                target.trials.add(trial_id)
+                self.where[trial_id] = target
+                self._write(target, ("launch", trial_id, config, seed, state, False))
+
     def wait(self) -> list[StepEvent]:
+        if not self.ready:
+            self._balance()
         while not self.ready:
             live = {w.conn: w for w in self.pool if w.alive}
             if not self.running and not any(self.owed.values()) or not live:
