@@ -186,12 +186,30 @@ def _counts(executor: Any, n: int) -> dict[int, int]:
     return counts
 
 
+SHORT_ENDED = multiprocessing.get_context("fork").Event()
+
+
 class Uneven(Counting):
-    """`Counting` whose even trials run 20 steps and odd trials 1 (it says it is done): trials of different lengths."""
+    """`Counting` whose even trials run 20 steps and odd trials 1 (it says it is done): trials of different lengths.
+    A long trial's second step waits until both short trials are recorded (`SHORT_ENDED`)."""
 
     def step(self) -> dict[str, Any]:
+        if self.ctx.trial_id % 2 == 0 and self.t == 1:
+            SHORT_ENDED.wait(timeout=60)
         metrics = super().step()
         return {**metrics, "done": self.t >= (20 if self.ctx.trial_id % 2 == 0 else 1)}
+
+
+class SetWhenShortTrialsEnd:
+    """A listener that sets `SHORT_ENDED` once the driver has recorded both short trials' rows."""
+
+    def __init__(self) -> None:
+        self.ended = 0
+
+    def on_row(self, engine: Any, row: dict[str, Any]) -> None:
+        self.ended += row["trial_id"] % 2
+        if self.ended == 2:
+            SHORT_ENDED.set()
 
 
 def test_a_worker_with_nothing_to_run_takes_over_a_trial_waiting_on_another():
@@ -199,8 +217,9 @@ def test_a_worker_with_nothing_to_run_takes_over_a_trial_waiting_on_another():
     the long trials moves to the idle worker with its state and goes on there, and every row is what the in-process
     executor records."""
     def run(executor: str) -> ExperimentResult:
+        SHORT_ENDED.clear()
         return nasplat.run(trainer=Uneven, space={"x": Float(0.0, 1.0)}, metric="score", executor=executor,
-                           concurrency=4, max_trials=4, max_steps=20, seed=0)
+                           concurrency=4, max_trials=4, max_steps=20, seed=0, callbacks=[SetWhenShortTrialsEnd()])
 
     moved, here = run("processes").rows, run("local").rows
     # Launched on one worker, the two long trials' steps ran on both (one moved, before or after its first step).
