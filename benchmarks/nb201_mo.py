@@ -22,8 +22,8 @@ from collections.abc import Callable
 import numpy as np
 
 import nasplat
-from nasplat import pareto
 from nasplat.controllers import OptunaSampler
+from nasplat.core import pareto
 from search_spaces.nb201 import EDGES, OPS, space_for
 from trainers.nb201_table import NB201Table, cell_code, load_table
 

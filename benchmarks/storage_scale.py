@@ -26,9 +26,9 @@ from pathlib import Path
 import numpy as np
 
 from nasplat import Choice, Float, Int, Trainer
-from nasplat.api import _build, _engine, read_spec
-from nasplat.replay import resume_engine
-from nasplat.storage import ExperimentFolder
+from nasplat.engine.replay import resume_engine
+from nasplat.experiment.run import _build, _engine
+from nasplat.storage import ExperimentFolder, read_spec
 
 SPACE = {"x": Float(-3.0, 3.0), "y": Float(-3.0, 3.0), "k": Int(1, 16), "op": Choice(["a", "b", "c", "d"])}
 

@@ -1,16 +1,25 @@
 """nasplat: population and architecture search on Ray."""
 
-from nasplat.api import resume, run
-from nasplat.checkpoint import CheckpointPolicy
 from nasplat.controllers import (
-    Continue, Controller, Exploit, OptunaSampler, PopulationBasedTraining, RandomSearch, RegularizedEvolution,
-    Reinforce, Result, Stop, TrialSpec,
+    Continue,
+    Controller,
+    Exploit,
+    OptunaSampler,
+    PopulationBasedTraining,
+    RandomSearch,
+    RegularizedEvolution,
+    Reinforce,
+    Result,
+    Stop,
+    TrialSpec,
 )
-from nasplat.integrations.optuna_export import to_optuna
-from nasplat.interop import space_from_optuna, space_from_tune
-from nasplat.trials import ExperimentFailed
-from nasplat.results import ExperimentResult
+from nasplat.engine.records import ExperimentFailed
+from nasplat.engine.result import ExperimentResult
+from nasplat.experiment.run import resume, run
+from nasplat.integrations.optuna import to_optuna
 from nasplat.space import Choice, Float, Int, Space
+from nasplat.space.convert import space_from_optuna, space_from_tune
+from nasplat.storage.checkpoints import CheckpointPolicy
 from nasplat.trainer import Trainer, WorkerContext
 
 __version__ = "0.1.0"

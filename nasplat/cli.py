@@ -1,66 +1,67 @@
 """The `nasplat` command: run, resume, status, export, report and serve experiments.
 
 Every error is one line on stderr, `nasplat <command>: error: ...`, and exit code 2; `--debug` shows the
-traceback instead. Trainer and space modules are found in the current folder, as with `python -m`.
+traceback instead. Trainer and space modules are found in the current folder, as with `python -m`. `nasplat run`
+keeps its experiment under `--storage`, else the file's `storage`, else the default folder (`$NASPLAT_RESULTS`,
+else `./nasplat_results`), and prints where at the start; `--no-storage` keeps nothing on disk.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 import traceback
 from pathlib import Path
 from typing import NoReturn
 
-import nasplat
-from nasplat.experiment import load_experiment
-from nasplat.results import ExperimentResult
+from nasplat.controllers import CONTROLLERS
+from nasplat.core.rows import Status
+from nasplat.engine.records import ExperimentFailed
+from nasplat.engine.result import ExperimentResult
+from nasplat.executors import DEFAULT_EXECUTOR, EXECUTORS
+from nasplat.experiment.file import experiment_spec, read_experiment_file
+from nasplat.experiment.run import default_storage, resume, run_spec
+from nasplat.integrations import CALLBACKS
+from nasplat.schedulers import SCHEDULERS
 from nasplat.storage import JOURNAL_FILE, FolderInUse, read_rows
-from nasplat.trials import ExperimentFailed
-from nasplat.trainer import check_trainer, resolve
+
+# `nasplat export -o FILE`: the format a file's extension names (when --format is not given)
+EXPORT_FORMATS = {".parquet": "parquet", ".csv": "csv", ".pt": "pt"}
 
 
-def _print_summary(result: ExperimentResult, top: int = 10) -> None:
+def _summarise(result: ExperimentResult, top: int) -> None:
+    """Trial counts, then the Pareto front with several objectives or constraints, else a table of the `top`
+    trials."""
     counts = result.counts()
+    several = len(result.metrics) > 1 or bool(result.constraints)
     print(f"trials: {sum(counts.values())} ({', '.join(f'{n} {s}' for s, n in sorted(counts.items()))})"
-          + _promotions(result))
+          + ("" if several else _promotions(result)))
+    if several:
+        front = result.pareto_front()
+        bounds = f" under {', '.join(str(c) for c in result.constraints)}" if result.constraints else ""
+        print(f"Pareto front{bounds}: {len(front)} trials")
+        _table([{"trial": r["trial_id"], **{m: r[m] for m in result.metrics}, "config": str(r["config"])[:80]}
+                for r in front], width=80)
+        return
     ranked = result.ranked()[:top]
     if not ranked:
         print("no trial reported a finite metric yet")
         return
-    import pandas as pd
-
     final = result.final_status()
-    rows = [{"trial": r["trial_id"], "best at step": r["step"], result.metric: r[result.metric],
-             "status": final[r["trial_id"]], "config": str(r["config"])[:90]} for r in ranked]
-    with pd.option_context("display.max_colwidth", 90, "display.width", 160):
-        print(pd.DataFrame(rows).to_string(index=False))
+    _table([{"trial": r["trial_id"], "best at step": r["step"], result.metric: r[result.metric],
+             "status": final[r["trial_id"]], "config": str(r["config"])[:90]} for r in ranked], width=90)
 
 
-def _print_front(result: ExperimentResult) -> None:
-    """Trial counts and the Pareto front of an experiment with several objectives or constraints."""
-    counts = result.counts()
-    print(f"trials: {sum(counts.values())} ({', '.join(f'{n} {s}' for s, n in sorted(counts.items()))})")
-    front = result.pareto_front()
-    bounds = f" under {', '.join(str(c) for c in result.constraints)}" if result.constraints else ""
-    print(f"Pareto front{bounds}: {len(front)} trials")
-    if not front:
+def _table(rows: list[dict[str, object]], *, width: int) -> None:
+    """`rows` as a plain-text table, columns up to `width` characters."""
+    if not rows:
         return
     import pandas as pd
 
-    rows = [{"trial": r["trial_id"], **{m: r[m] for m in result.metrics}, "config": str(r["config"])[:80]}
-            for r in front]
-    with pd.option_context("display.max_colwidth", 80, "display.width", 160):
+    with pd.option_context("display.max_colwidth", width, "display.width", 160):
         print(pd.DataFrame(rows).to_string(index=False))
-
-
-def _summarise(result: ExperimentResult, top: int) -> None:
-    """The Pareto front with several objectives or constraints, else a table of the `top` trials."""
-    if len(result.metrics) > 1 or result.constraints:
-        _print_front(result)
-    else:
-        _print_summary(result, top=top)
 
 
 def _promotions(result: ExperimentResult) -> str:
@@ -73,15 +74,25 @@ def _promotions(result: ExperimentResult) -> str:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    kwargs = load_experiment(args.experiment, executor=args.executor, storage=args.storage, name=args.name)
+    """Read, check and run the experiment file; its folder is printed when it is created, the best trials at the
+    end."""
+    overrides = {"executor": args.executor, "storage": args.storage, "name": args.name}
+    spec = {**read_experiment_file(args.experiment), **{k: v for k, v in overrides.items() if v is not None}}
+    defaulted = not args.no_storage and spec.get("storage") is None
+    if args.no_storage or defaulted:
+        spec["storage"] = None if args.no_storage else default_storage()
+    experiment = experiment_spec(spec, source=str(args.experiment))
     if args.address:
-        if kwargs["executor"] != "ray":
-            raise ValueError(f"--address needs executor 'ray', got executor={kwargs['executor']!r}")
-        kwargs["executor_options"]["address"] = args.address
-    # Import what the file names now, so that a bad module or class fails before any folder is created.
-    check_trainer(resolve(kwargs["trainer"], what="trainer"))  # the spec keeps the dotted path: plain data
-    resolve(kwargs["space"], what="space")
-    result = nasplat.run(**kwargs, progress=not args.quiet)
+        if experiment.executor != "ray":
+            raise ValueError(f"--address needs executor 'ray', got executor={experiment.executor!r}")
+        options = {**experiment.executor_options, "address": args.address}
+        experiment = dataclasses.replace(experiment, executor_options=options)
+
+    def announce(location: str) -> None:
+        how = " (the default storage: --storage DIR for another, --no-storage for none)" if defaulted else ""
+        print(f"experiment folder: {location}{how}", flush=True)
+
+    result = run_spec(experiment, progress=not args.quiet, announce=announce)
     if result.path is not None:
         print(f"results: {result.path}  (nasplat status {result.path} · nasplat report {result.path})")
     _summarise(result, top=5)
@@ -89,7 +100,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
-    result = nasplat.resume(args.folder, progress=not args.quiet)
+    result = resume(args.folder, progress=not args.quiet)
     print(f"results: {result.path}")
     _summarise(result, top=5)
     return 0
@@ -118,16 +129,28 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    """`--format parquet|csv`: the rows as a table; `pt` (the default with `--trial` or `--step`): a trial's weights."""
-    fmt = args.format or ("pt" if args.trial is not None or args.step is not None else "parquet")
+    """`--format parquet|csv`: the rows as a table; `pt`: a trial's weights. Without --format, the format the
+    output's extension names (`.parquet`, `.csv`, `.pt`), else `pt` with `--trial` or `--step`, else parquet."""
+    fmt = _export_format(args.format, args.output, weights=args.trial is not None or args.step is not None)
     if fmt != "pt":
         if args.trial is not None or args.step is not None:
-            raise ValueError(f"--trial and --step choose a checkpoint: they need --format pt, got --format {fmt}")
-        from nasplat.integrations.tables import export_rows
+            given = f"--format {fmt}" if args.format else f"-o {args.output} ({fmt})"
+            raise ValueError(f"--trial and --step choose a checkpoint: they need --format pt, got {given}")
+        from nasplat.integrations.export import export_rows
 
         print(f"exported: {export_rows(args.folder, fmt, args.output)}")
         return 0
     return _export_weights(args)
+
+
+def _export_format(given: str | None, output: str | None, *, weights: bool) -> str:
+    """The export format: `given`, which must agree with the output's known extension; else that extension's."""
+    suffix = Path(output).suffix.lower() if output else ""
+    implied = EXPORT_FORMATS.get(suffix)
+    if given is not None and implied is not None and given != implied:
+        raise ValueError(f"--format {given} does not match the output {output} (a {suffix} file holds {implied}): "
+                         f"drop --format, or name the output *.{given}")
+    return given or implied or ("pt" if weights else "parquet")
 
 
 def _export_weights(args: argparse.Namespace) -> int:
@@ -140,9 +163,9 @@ def _export_weights(args: argparse.Namespace) -> int:
     except LookupError as exc:
         raise ValueError(str(exc)) from None
     row = next((r for r in result.rows if r["trial_id"] == checkpoint.trial_id and r["step"] == checkpoint.step
-                and r.get("status") not in ("failed", "retried")), {})
-    from nasplat.checkpoint import load_checkpoint
-    from nasplat.results import RESERVED
+                and r.get("status") not in (Status.FAILED, Status.RETRIED)), {})
+    from nasplat.core.rows import RESERVED
+    from nasplat.storage.checkpoints import load_checkpoint
 
     exported = {"config": row.get("config"), "state_dict": load_checkpoint(checkpoint.uri),
                 "trial_id": checkpoint.trial_id, "step": checkpoint.step,
@@ -155,10 +178,22 @@ def _export_weights(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from nasplat.serve import serve_forever
+    from nasplat.report.serve import serve_forever
 
     serve_forever(args.folder, port=args.port, host=args.host)
     return 0
+
+
+def _run_epilog() -> str:
+    """The names an experiment file may use, from the registries (one line each), and where results go."""
+    return "\n".join([
+        f"controllers (controller:): {CONTROLLERS.help()}",
+        f"schedulers (scheduler:): {SCHEDULERS.help()}",
+        f"executors (executor:): {EXECUTORS.help()}; default: {DEFAULT_EXECUTOR}",
+        f"callbacks (callbacks:): {CALLBACKS.help()}",
+        "storage: --storage, else the file's `storage:`, else $NASPLAT_RESULTS, else ./nasplat_results",
+        "(the experiment's folder is printed at the start); --no-storage keeps nothing on disk",
+    ])
 
 
 class _Parser(argparse.ArgumentParser):
@@ -174,12 +209,17 @@ def parser() -> argparse.ArgumentParser:
     debug = argparse.ArgumentParser(add_help=False)  # `--debug` also after the command; the default stays top's
     debug.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     sub = top.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    run = sub.add_parser("run", parents=[debug], help="run an experiment file (YAML)")
+    run = sub.add_parser("run", parents=[debug], help="run an experiment file (YAML)", epilog=_run_epilog(),
+                         formatter_class=argparse.RawDescriptionHelpFormatter)
     run.add_argument("experiment", help="path to experiment.yaml")
-    run.add_argument("--executor", choices=["ray", "local", "processes", "simulated"],
-                     help="override the file's executor")
+    run.add_argument("--executor", choices=list(EXECUTORS),
+                     help=f"override the file's executor (default: the file's, else {DEFAULT_EXECUTOR})")
     run.add_argument("--address", help="attach to this Ray cluster (default: $RAY_ADDRESS, else a local Ray)")
-    run.add_argument("--storage", help="override the file's storage folder")
+    where = run.add_mutually_exclusive_group()
+    where.add_argument("--storage", help="override the file's storage folder or URI (default: the file's, else "
+                       "$NASPLAT_RESULTS, else ./nasplat_results)")
+    where.add_argument("--no-storage", action="store_true",
+                       help="keep nothing on disk: the results live in memory and are printed at the end")
     run.add_argument("--name", help="override the experiment name")
     run.add_argument("--quiet", action="store_true", help="no progress line")
     run.set_defaults(func=cmd_run)
@@ -198,11 +238,12 @@ def parser() -> argparse.ArgumentParser:
     export.add_argument("folder")
     export.add_argument("--trial", type=int, help="the trial to export (default: the best)")
     export.add_argument("--step", type=int, help="its latest checkpoint at or before this step (default: latest)")
-    export.add_argument("-o", "--output", help="the file to write (default: <folder>/results.<format> for rows, "
-                        "trial-<id>-step-<k>.pt here for weights)")
-    export.add_argument("--format", choices=["parquet", "csv", "pt"],
-                        help="parquet (default) or csv: the rows, one column per decision; pt (the default with "
-                        "--trial or --step): {config, state_dict, trial_id, step, metrics} for torch.load")
+    export.add_argument("-o", "--output", help="the file to write; its extension (.parquet, .csv, .pt) names the "
+                        "format (default: <folder>/results.<format> for rows, trial-<id>-step-<k>.pt here for weights)")
+    export.add_argument("--format", choices=list(dict.fromkeys(EXPORT_FORMATS.values())),
+                        help="parquet or csv: the rows, one column per decision; pt: {config, state_dict, trial_id, "
+                        "step, metrics} for torch.load (default: the output's extension, else pt with --trial or "
+                        "--step, else parquet; a --format the extension contradicts is refused)")
     export.set_defaults(func=cmd_export)
     report = sub.add_parser("report", parents=[debug],
                             help="write a self-contained HTML report into the experiment folder")

@@ -1,4 +1,4 @@
-"""Shared fixtures: one real local Ray for the whole session, the shared reference data."""
+"""Shared fixtures: one real local Ray for the whole session, the shared reference data; the Hypothesis profiles."""
 
 from __future__ import annotations
 
@@ -6,6 +6,15 @@ import os
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
+
+# Hypothesis profiles. `ci` (the default: `make test`, CI) draws the same examples on every run: derandomized, no
+# example database, no deadline (timings on shared cores are not part of a test). `explore` is run on purpose to
+# find new failures: random draws, ten times the examples in tests/test_fuzz.py, failures saved in `.hypothesis/`
+# and replayed first next time. Choose one with `--hypothesis-profile=explore` or `HYPOTHESIS_PROFILE=explore`.
+settings.register_profile("ci", max_examples=100, derandomize=True, database=None, deadline=None, print_blob=True)
+settings.register_profile("explore", max_examples=1000, derandomize=False, deadline=None, print_blob=True)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = Path(os.environ.get("NASPLAT_SHARED_DATA", REPO.parent / "shared" / "data"))

@@ -10,8 +10,17 @@ from typing import Any
 import optuna
 
 from nasplat.controllers import (
-    Controller, Exploit, LocalSearch, MultiObjectiveEvolution, OptunaSampler, PopulationBasedTraining, Predictor,
-    RandomSearch, RegularizedEvolution, Reinforce, Result,
+    Controller,
+    Exploit,
+    LocalSearch,
+    MultiObjectiveEvolution,
+    OptunaSampler,
+    PopulationBasedTraining,
+    Predictor,
+    RandomSearch,
+    RegularizedEvolution,
+    Reinforce,
+    Result,
 )
 from nasplat.space import Choice, Config, Domain, Float, Int, Space
 

@@ -13,13 +13,12 @@ from pathlib import Path
 
 import pytest
 import yaml
+from browser import CHROMIUM, screenshot
 
 import nasplat
 from nasplat.cli import main
-from nasplat.experiment import experiment_kwargs, load_experiment
-from nasplat.results import ExperimentResult
-
-from browser import CHROMIUM, screenshot
+from nasplat.engine.result import ExperimentResult
+from nasplat.experiment.file import experiment_kwargs, load_experiment
 
 REPO = Path(__file__).resolve().parents[1]
 NB201 = {"trainer": "trainers.nb201_table:NB201Table", "space": "search_spaces.nb201:space", "metric": "valid_acc",
@@ -127,3 +126,96 @@ def test_serve_prints_the_address_it_listens_on_and_warns_when_others_can_reach_
                             "SSH tunnel to keep it private"]
     else:
         assert warnings == []
+
+
+# -- where `nasplat run` keeps results, and `nasplat export`'s formats ------------------------------------------
+FLAT_SPACE = {"x": nasplat.Float(0.0, 1.0)}
+
+
+class Kept(nasplat.Trainer):
+    """Flat, with a state to checkpoint (for `nasplat export ... -o model.pt`)."""
+
+    def setup(self, config, ctx):
+        self.x, self.t = config["x"], 0
+
+    def step(self):
+        self.t += 1
+        return {"score": self.x + 0.01 * self.t}
+
+    def state_dict(self):
+        return {"t": self.t, "x": self.x}
+
+    def load_state_dict(self, state):
+        self.t, self.x = state["t"], state["x"]
+
+
+TINY = {"name": "tiny", "trainer": "test_cli:Kept", "space": "test_cli:FLAT_SPACE", "metric": "score",
+        "controller": "random", "budget": {"max_trials": 3, "max_steps": 2}, "executor": "local"}
+
+
+@pytest.fixture
+def here(tmp_path, monkeypatch):
+    """A fresh current folder without $NASPLAT_RESULTS; the import path and $PYTHONPATH (which `main` extends with
+    the current folder) restored afterwards."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("NASPLAT_RESULTS", raising=False)
+    monkeypatch.setenv("NASPLAT_TENSORBOARD", "0")
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.setenv("PYTHONPATH", os.environ.get("PYTHONPATH", ""))
+    return tmp_path
+
+
+def test_a_file_without_storage_runs_into_the_default_folder_printed_at_the_start(here, capsys, monkeypatch):
+    path = write(here, TINY)
+    assert main(["run", str(path), "--quiet"]) == 0
+    out = capsys.readouterr().out
+    folder = here / "nasplat_results" / "tiny"
+    assert out.splitlines()[0] == (f"experiment folder: {folder} (the default storage: --storage DIR for another, "
+                                   "--no-storage for none)")
+    assert f"results: {folder}" in out and ExperimentResult.load(folder).counts() == {"completed": 3}
+    monkeypatch.setenv("NASPLAT_RESULTS", str(here / "elsewhere"))  # the documented override of the default
+    assert main(["run", str(path), "--quiet", "--name", "again"]) == 0
+    assert capsys.readouterr().out.startswith(f"experiment folder: {here / 'elsewhere' / 'again'} (the default")
+    assert ExperimentResult.load(here / "elsewhere" / "again").counts() == {"completed": 3}
+    assert main(["run", str(write(here, {**TINY, "storage": "mine"})), "--quiet"]) == 0
+    assert capsys.readouterr().out.splitlines()[0] == f"experiment folder: {here / 'mine' / 'tiny'}"  # as asked
+
+
+def test_no_storage_keeps_nothing_on_disk_and_excludes_storage(here, capsys):
+    path = write(here, {**TINY, "storage": "out"})
+    assert main(["run", str(path), "--quiet", "--no-storage"]) == 0
+    out = capsys.readouterr().out
+    assert "trials: 3 (3 completed)" in out and "experiment folder" not in out and "results:" not in out
+    assert sorted(p.name for p in here.iterdir()) == ["experiment.yaml"]
+    with pytest.raises(SystemExit) as usage:
+        main(["run", str(path), "--no-storage", "--storage", "x"])
+    assert usage.value.code == 2 and "--storage: not allowed with argument --no-storage" in capsys.readouterr().err
+    assert main(["run", str(write(here, {**TINY, "checkpoint": {"at_end": True}})), "--no-storage"]) == 2
+    assert "`checkpoint` needs `storage`" in capsys.readouterr().err and not (here / "nasplat_results").exists()
+
+
+def test_export_takes_the_format_from_the_output_extension_and_refuses_a_contradiction(here, capsys):
+    import pandas as pd
+    import torch
+
+    assert main(["run", str(write(here, {**TINY, "storage": "out", "checkpoint": {"at_end": True}})), "--quiet"]) == 0
+    folder = str(here / "out" / "tiny")
+    capsys.readouterr()
+    assert main(["export", folder, "-o", "model.pt"]) == 0  # the trained state, not a table
+    exported = torch.load(here / "model.pt", weights_only=False)
+    assert set(exported) == {"config", "state_dict", "trial_id", "step", "metrics"} and exported["state_dict"]["t"] == 2
+    assert main(["export", folder, "-o", "rows.csv"]) == 0
+    rows = pd.read_csv(here / "rows.csv")  # text, one column per decision
+    assert len(rows) == 6 and {"trial_id", "config.x", "score"} <= set(rows.columns)
+    assert main(["export", folder, "-o", "rows.PARQUET"]) == 0
+    assert len(pd.read_parquet(here / "rows.PARQUET")) == 6
+    assert main(["export", folder, "-o", "rows.txt", "--format", "csv"]) == 0  # an unknown extension: as asked
+    assert len(pd.read_csv(here / "rows.txt")) == 6
+    capsys.readouterr()
+    assert main(["export", folder, "-o", "wrong.pt", "--format", "csv"]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "nasplat export: error: --format csv does not match the output wrong.pt (a .pt file holds pt): drop "
+        "--format, or name the output *.csv"]
+    assert main(["export", folder, "-o", "rows.csv", "--trial", "0"]) == 2
+    assert "they need --format pt, got -o rows.csv (csv)" in capsys.readouterr().err
+    assert not (here / "wrong.pt").exists()

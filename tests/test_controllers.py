@@ -13,8 +13,16 @@ import pytest
 from helpers import FACTORIES, METRIC, MIXED, Driver, proposed_configs
 
 from nasplat.controllers import (
-    CONTINUE, Continue, Controller, Exploit, OptunaSampler, PopulationBasedTraining, RandomSearch,
-    RegularizedEvolution, Reinforce, Result,
+    CONTINUE,
+    Continue,
+    Controller,
+    Exploit,
+    OptunaSampler,
+    PopulationBasedTraining,
+    RandomSearch,
+    RegularizedEvolution,
+    Reinforce,
+    Result,
 )
 from nasplat.space import Choice, Float, Int, Space
 

@@ -16,12 +16,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from nasplat.distributed import Gang, Worker, check_options
+from nasplat.distributed import check_options
 from nasplat.distributed.async_sgd import AsyncBackend
 from nasplat.distributed.context import rank_seed
-from nasplat.distributed.packing import PackedTensor, pack, unpack
 from nasplat.distributed.gossip import ring_neighbours
 from nasplat.distributed.parameter_server import shard_parameters
+from nasplat.executors.gang import Gang, Worker
+from nasplat.executors.packing import PackedTensor, pack, unpack
 from nasplat.trainer import Trainer, WorkerContext, start
 
 # The trainers below travel to the actors by value: the workers cannot import this test module.

@@ -16,7 +16,7 @@ import torch
 
 import nasplat
 from nasplat.cli import main as cli
-from nasplat.results import ExperimentResult
+from nasplat.engine.result import ExperimentResult
 from nasplat.storage import ROWS_FILE, Storage, read_rows
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from nasplat.checkpoint import load_checkpoint
 from nasplat.storage import ROWS_FILE, read_rows
+from nasplat.storage.checkpoints import load_checkpoint
 
 pytestmark = pytest.mark.slow
 

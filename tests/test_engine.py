@@ -13,7 +13,7 @@ import pytest
 
 import nasplat
 from nasplat import Choice, Float, Int, Trainer
-from nasplat.results import ExperimentResult
+from nasplat.engine.result import ExperimentResult
 
 SPACE = {"x": Float(-2.0, 2.0), "k": Int(1, 5), "act": Choice(["a", "b"])}
 

@@ -10,12 +10,12 @@ from typing import Any
 import pytest
 import torch
 
-from nasplat.checkpoint import MANIFEST_FILE, list_checkpoints, load_checkpoint, read_manifest
-from nasplat.executors.base import Checkpoint, Executor, StepEvent
+from nasplat.executors.base import Executor, StepEvent
 from nasplat.executors.local import LocalExecutor
 from nasplat.executors.processes import ProcessExecutor
 from nasplat.executors.simulated import SimulatedExecutor
 from nasplat.storage import Storage
+from nasplat.storage.checkpoints import MANIFEST_FILE, Checkpoint, list_checkpoints, load_checkpoint, read_manifest
 from nasplat.trainer import Trainer
 
 KINDS = ["local", "processes", "simulated", "ray"]

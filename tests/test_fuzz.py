@@ -1,16 +1,28 @@
-"""Generated bad input on the `local` and `simulated` executors (hypothesis).
+"""Generated bad input on the in-process executors: `local`, `processes` and `simulated` (hypothesis).
 
 Experiment files with keys and values of every type in every field, and trainers whose setup and steps return
 arbitrary Python, numpy and torch values or raise. Every run must end within a bounded time, either refused with
 one clear error (an exception nasplat raised on purpose: its innermost frame is a `raise` statement in nasplat's
-own code, with a one-line message) or finished with a folder that `nasplat status` loads. An exception that escapes
-from elsewhere (a comparison inside the engine, numpy, json, the trainer's own code) is a traceback from nasplat's
-own code and fails the test.
+own code, with a one-line message) or finished with one folder that `nasplat status` loads, where the file's
+`storage` (or, without one, the default storage) says, or with nothing written under `--no-storage`. An exception
+that escapes from elsewhere (a comparison inside the engine, numpy, json, the trainer's own code) is a traceback
+from nasplat's own code and fails the test.
 
 Written before the engine's part of issue 9: on the engine of 2026-12-03 the trainer test fails, as it should, on
 (1) a 1-d tensor metric (`results.py` calls `.item()` on it and the RuntimeError ends the experiment), (2) an int
 metric too large for a float (OverflowError in `engine.py`) and (3) `simulated` with only a time budget when steps
 raise or report no `time_cost` (the clock never advances: the run never ends). It is not marked xfail.
+
+Which examples are drawn is the Hypothesis profile's choice (registered in tests/conftest.py). `make test` and CI
+use `ci`: derandomized (the examples are a function of the test's source: the same on every run and machine, for
+one version of Hypothesis) and with no example database, so a CI failure is reproducible and not a draw. To look
+for new failures, run the `explore` profile on purpose: random draws, ten times the examples below, failures kept
+in `.hypothesis/` and replayed first on the next explore run:
+
+    .venv/bin/python -m pytest tests/test_fuzz.py --hypothesis-profile=explore   # or HYPOTHESIS_PROFILE=explore
+
+A failure found that way prints the blob that replays it (`@reproduce_failure`); add the example with
+`@example(...)` to keep it in CI.
 """
 
 from __future__ import annotations
@@ -25,29 +37,37 @@ import tempfile
 from collections.abc import Iterator
 from fractions import Fraction
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import pytest
 import torch
 import yaml
-from hypothesis import HealthCheck, Phase, event, given, settings
+from hypothesis import HealthCheck, Phase, event, example, given, settings
 from hypothesis import strategies as st
 
 import nasplat
 from nasplat import Float, Int, Trainer
 from nasplat.cli import parser
-from nasplat.experiment import BUDGET_KEYS, RESOURCE_KEYS, TOP_KEYS
-from nasplat.trials import ExperimentFailed
+from nasplat.engine.records import ExperimentFailed
+from nasplat.executors import DEFAULT_EXECUTOR
+from nasplat.experiment.file import BUDGET_KEYS, RESOURCE_KEYS, TOP_KEYS
 
 NASPLAT_DIR = Path(nasplat.__file__).resolve().parent
 RUN_LIMIT_S = 15  # one generated run (a few trials of a trivial trainer); a hang fails the example
 # ExperimentFailed: more trials failed than `max_failed_trials` allows; it sums up the first errors
 CLEAR_ERRORS = (ValueError, TypeError, FileNotFoundError, FileExistsError, ExperimentFailed)
 # No shrinking: a hang costs RUN_LIMIT_S per attempt, so shrinking one could take many minutes. The first failing
-# example is reported as generated, with the blob that replays it (`@reproduce_failure`).
+# example is reported as generated, with the blob that replays it (`@reproduce_failure`). Everything not set here
+# (derandomize, the database) comes from the loaded profile (tests/conftest.py).
 FUZZ = settings(deadline=None, phases=(Phase.explicit, Phase.reuse, Phase.generate), print_blob=True,
                 suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+
+
+def examples(ci: int) -> int:
+    """`ci` examples under a profile with Hypothesis' default of 100 (`ci`), proportionally more or fewer under one
+    that asks for more or fewer (`explore`: 1000, so ten times as many)."""
+    return max(1, ci * settings().max_examples // 100)
 
 USER_MODULE = """
 from nasplat import Float, Int, Trainer
@@ -143,9 +163,22 @@ def experiment_files(draw: st.DrawFn) -> dict[Any, Any]:
             where.pop(key, None)
     if draw(st.integers(0, 4)) == 0:
         spec[draw(ANY_KEY)] = draw(ANY_VALUE)
-    if spec.get("executor") == "ray":  # this test covers the in-process executors only
+    if spec.get("executor", DEFAULT_EXECUTOR) == "ray":  # this test covers the in-process executors only
         spec["executor"] = "simulated"
+    if not inside_the_sandbox(spec.get("storage")):  # a run writes only inside its sandbox
+        spec["storage"] = GOOD_FILE["storage"]
     return spec
+
+
+def inside_the_sandbox(storage: Any) -> bool:
+    """Whether a `storage` value, taken relative to the run's folder (one below its sandbox, see
+    `inside_fresh_folder`), stays in the sandbox: not absolute, not under `~`, at most one `..` up. Anything but a
+    string stays: it is refused, or None (the default storage, `./nasplat_results`)."""
+    if not isinstance(storage, str):
+        return True
+    if storage.startswith(("/", "~")):
+        return False
+    return os.path.normpath(os.path.join("/sandbox/run", storage)).startswith("/sandbox")
 
 
 @pytest.fixture(scope="module")
@@ -159,24 +192,57 @@ def user_module(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
 
 @contextlib.contextmanager
 def inside_fresh_folder() -> Iterator[Path]:
-    """A fresh current folder (a generated `storage` is relative to it), the old one back afterwards."""
-    before = os.getcwd()
+    """A fresh sandbox whose folder `run` is the current folder (a generated `storage` is relative to it, and may
+    be `..`: the sandbox), without `$NASPLAT_RESULTS` (the default storage is then `./nasplat_results`), the old
+    folder and environment back afterwards. Yields the sandbox."""
+    before, results_home = os.getcwd(), os.environ.pop("NASPLAT_RESULTS", None)
     with tempfile.TemporaryDirectory() as folder:
-        os.chdir(folder)
+        sandbox = Path(folder).resolve()
+        (sandbox / "run").mkdir()
+        os.chdir(sandbox / "run")
         try:
-            yield Path(folder)
+            yield sandbox
         finally:
             os.chdir(before)
+            if results_home is not None:
+                os.environ["NASPLAT_RESULTS"] = results_home
 
 
-@settings(FUZZ, max_examples=60)
-@given(spec=experiment_files())
+def check_finished_run(sandbox: Path, spec: Any, no_storage: bool) -> None:
+    """A finished `nasplat run` left what `nasplat run --help` says: with `--no-storage`, nothing (the sandbox holds
+    the experiment file only); else exactly one experiment folder, `<storage>/<name>` (whatever the name) under the
+    file's `storage`, or under the default storage where the file has none (the key absent, or null):
+    `./nasplat_results`, `$NASPLAT_RESULTS` being unset here. `nasplat status` loads it. `spec` is the file as
+    nasplat read it."""
+    written = sorted(str(p.relative_to(sandbox)) for p in sandbox.rglob("*"))
+    if no_storage:
+        event("finished: --no-storage")
+        assert written == ["run", "run/experiment.yaml"], f"--no-storage, yet written: {written}"
+        return
+    storage = spec.get("storage") if isinstance(spec, dict) else None
+    event("finished: default storage" if storage is None else "finished: the file's storage")
+    base = (sandbox / "run" / ("nasplat_results" if storage is None else storage)).resolve()
+    experiments = [p.parent for p in sandbox.rglob("results.jsonl")]
+    assert len(experiments) == 1, f"storage: {storage!r}, one experiment folder expected under {base}: {written}"
+    assert experiments[0].parent == base, f"storage: {storage!r}, expected under {base}: {experiments[0]}"
+    status_loads(experiments[0])
+
+
+@settings(FUZZ, max_examples=examples(60))
+@given(spec=experiment_files(), no_storage=st.integers(0, 3).map(lambda n: n == 0))
+# Runs without a storage of the file's (a fresh clone's CI drew `storage: null` and the oracle wanted the file's)
+@example(spec={**GOOD_FILE, "storage": None}, no_storage=False)
+@example(spec={k: v for k, v in GOOD_FILE.items() if k != "storage"}, no_storage=False)
+@example(spec={**GOOD_FILE, "storage": None}, no_storage=True)
+@example(spec=GOOD_FILE, no_storage=True)
+@example(spec={**GOOD_FILE, "storage": "..", "name": None}, no_storage=False)  # the sandbox, a generated name
 def test_generated_experiment_files_end_in_one_clear_error_or_a_loadable_folder(user_module: None,
-                                                                                 spec: dict[Any, Any]) -> None:
-    with inside_fresh_folder() as folder:
-        path = folder / "experiment.yaml"
+                                                                                 spec: dict[Any, Any],
+                                                                                 no_storage: bool) -> None:
+    with inside_fresh_folder() as sandbox:
+        path = sandbox / "run" / "experiment.yaml"
         path.write_text(yaml.safe_dump(spec, allow_unicode=True))
-        args = parser().parse_args(["run", str(path), "--quiet"])
+        args = parser().parse_args(["run", str(path), "--quiet", *(["--no-storage"] if no_storage else [])])
         try:
             with time_limit(RUN_LIMIT_S):
                 assert args.func(args) == 0
@@ -186,10 +252,7 @@ def test_generated_experiment_files_end_in_one_clear_error_or_a_loadable_folder(
             check_clear(exc)
             event(f"refused: {type(exc).__name__}")
             return
-        event("finished")
-        experiments = [p.parent for p in folder.rglob("results.jsonl")]
-        assert len(experiments) == 1, experiments
-        status_loads(experiments[0])
+        check_finished_run(sandbox, yaml.safe_load(path.read_text()), no_storage)
 
 
 # -- generated trainer behaviour ----------------------------------------------------------------------------------
@@ -215,8 +278,8 @@ STEP_OUTCOMES = st.one_of(
 class Scripted(Trainer):
     """Plays `script`: setup may raise; step `t` returns or raises `steps[min(t, len) - 1]` (an outcome)."""
 
-    setup_error: BaseException | None = None
-    steps: list[Any] = []
+    setup_error: ClassVar[BaseException | None] = None
+    steps: ClassVar[list[Any]] = []
 
     def setup(self, config: dict, ctx: nasplat.WorkerContext) -> None:
         self.t = 0
@@ -238,7 +301,7 @@ class Scripted(Trainer):
 
 
 @pytest.mark.slow
-@settings(FUZZ, max_examples=50)
+@settings(FUZZ, max_examples=examples(50))
 @given(executor=st.sampled_from(["local", "processes", "simulated"]), setup_error=st.one_of(st.none(), ERRORS),
        steps=st.lists(STEP_OUTCOMES, min_size=1, max_size=3), controller=st.sampled_from(["random", "evolution"]),
        budget=st.sampled_from([{"max_trials": 4}, {"time_budget_s": 0.5}, {"max_trials": 4, "time_budget_s": 0.5}]),

@@ -28,17 +28,17 @@ import pandas as pd
 import pytest
 import torch
 import yaml
+from browser import chromium, console_errors, needs_chromium
 from sklearn.datasets import load_digits
 
 import nasplat
 from nasplat import Choice, Float, Int, Trainer, WorkerContext
 from nasplat.cli import main
+from nasplat.core.trees import flatten
+from nasplat.engine.result import ExperimentResult
 from nasplat.integrations import param_importances
-from nasplat.integrations.tables import table
+from nasplat.integrations.export import table
 from nasplat.report import build_report
-from nasplat.results import ExperimentResult, flat_config
-
-from browser import chromium, console_errors, needs_chromium
 
 BIN = Path(sys.executable).parent
 SPACE = {
@@ -184,7 +184,7 @@ def test_mlflow_server_holds_a_parent_run_and_one_nested_run_per_trial(mlflow_ur
     for trial, rows in trials.items():
         run = children[trial]
         assert run.data.tags["mlflow.parentRunId"] == parent.info.run_id and run.info.run_name == f"trial-{trial}"
-        assert run.data.params == {k: str(v) for k, v in flat_config(rows[0]["config"], "").items()}
+        assert run.data.params == {k: str(v) for k, v in flatten(rows[0]["config"]).items()}
         for metric in ("val_acc", "loss"):
             history = client.get_metric_history(run.info.run_id, metric)
             assert [(m.step, m.value) for m in history] == [(r["step"], r[metric]) for r in rows]
@@ -216,7 +216,7 @@ def test_tensorboard_event_files_hold_every_step_and_the_config_as_hparams(exper
         content = events.PluginTagToContent(metadata.PLUGIN_NAME)
         start = metadata.parse_session_start_info_plugin_data(content[metadata.SESSION_START_INFO_TAG])
         shown = {k: v.string_value or v.number_value for k, v in start.hparams.items()}
-        assert shown == flat_config(rows[0]["config"], "")
+        assert shown == flatten(rows[0]["config"])
         end = metadata.parse_session_end_info_plugin_data(content[metadata.SESSION_END_INFO_TAG])
         assert end.status == Status.Value("STATUS_SUCCESS")
 

@@ -18,14 +18,13 @@ from typing import Any
 
 import pytest
 import yaml
+from processes import kill_session
 from ray.job_submission import JobStatus, JobSubmissionClient
 
 import nasplat
-from nasplat.experiment import load_experiment
-from nasplat.results import ExperimentResult
+from nasplat.engine.result import ExperimentResult
+from nasplat.experiment.file import load_experiment
 from nasplat.storage import read_rows
-
-from processes import kill_session
 
 pytestmark = pytest.mark.slow
 

@@ -16,10 +16,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from nasplat.results import ExperimentResult
-
 from processes import kill_session
+
+from nasplat.engine.result import ExperimentResult
 
 pytestmark = pytest.mark.slow
 
@@ -34,8 +33,8 @@ from ray.cluster_utils import Cluster
 
 import nasplat
 from nasplat import Float, Trainer
-from nasplat.distributed.gang import Gang
-from nasplat.results import read_rows
+from nasplat.executors.gang import Gang
+from nasplat.engine.result import read_rows
 
 class Where(Trainer):
     \"\"\"Sleeps 0.3 s per step; reports the node and rank it ran on.\"\"\"

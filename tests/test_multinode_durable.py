@@ -13,11 +13,10 @@ import tempfile
 from collections import defaultdict
 
 import pytest
-
-from nasplat.results import ExperimentResult
-
 from processes import kill_session
 from test_multinode import DRIVER as PLACEMENT_DRIVER
+
+from nasplat.engine.result import ExperimentResult
 
 pytestmark = pytest.mark.slow
 

@@ -17,14 +17,19 @@ import torch
 from helpers import COST, FACTORIES, METRIC, MIXED, MO, Driver
 
 import nasplat
-from nasplat import pareto
 from nasplat.cli import main as cli
 from nasplat.controllers import (
-    MultiObjectiveEvolution, OptunaSampler, PopulationBasedTraining, RandomSearch, RegularizedEvolution, Reinforce,
+    MultiObjectiveEvolution,
+    OptunaSampler,
+    PopulationBasedTraining,
+    RandomSearch,
+    RegularizedEvolution,
+    Reinforce,
     Result,
 )
-from nasplat.experiment import experiment_kwargs
-from nasplat.report import build_report, hypervolume_progress
+from nasplat.core import pareto
+from nasplat.experiment.file import experiment_kwargs
+from nasplat.report.sections import build_report, hypervolume_progress
 
 NB201_METRICS, NB201_MODES = ["valid_acc", "params_mb"], ["max", "min"]
 

@@ -1,4 +1,4 @@
-"""nasplat.pareto against hand-worked fronts, and hypervolume against an independent count of unit cells."""
+"""nasplat.core.pareto against hand-worked fronts, and hypervolume against an independent count of unit cells."""
 
 from __future__ import annotations
 
@@ -8,9 +8,18 @@ import math
 import numpy as np
 import pytest
 
-from nasplat.pareto import (
-    Constraint, crowding_distance, dominates, front_rows, hypervolume, non_dominated_mask, non_dominated_sort,
-    parse_constraints, parse_objectives, rank_order, rows_hypervolume,
+from nasplat.core.pareto import (
+    Constraint,
+    crowding_distance,
+    dominates,
+    front_rows,
+    hypervolume,
+    non_dominated_mask,
+    non_dominated_sort,
+    parse_constraints,
+    parse_objectives,
+    rank_order,
+    rows_hypervolume,
 )
 
 # Maximised points: A, B, C and G (a copy of C) are non-dominated; D and E only by front 0; F by everything.

@@ -13,10 +13,10 @@ import pytest
 from helpers import METRIC
 
 from nasplat.controllers import LocalSearch, Predictor, Reinforce, Result
-from nasplat.controllers.encoding import Encoder
-from nasplat.controllers.ensemble import MLPEnsemble
-from nasplat.domains import config_key
+from nasplat.controllers.surrogate.encoding import Encoder
+from nasplat.controllers.surrogate.ensemble import MLPEnsemble
 from nasplat.space import Choice, Config, Float, Int, Space
+from nasplat.space.domains import config_key
 
 REPO = Path(__file__).resolve().parents[1]
 

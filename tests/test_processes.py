@@ -13,7 +13,7 @@ import pytest
 
 import nasplat
 from nasplat import Float, Trainer
-from nasplat.results import ExperimentResult
+from nasplat.engine.result import ExperimentResult
 
 MEET = multiprocessing.get_context("fork").Barrier(2, timeout=60)  # inherited by the workers the executor forks
 

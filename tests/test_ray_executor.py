@@ -16,7 +16,7 @@ import torch
 
 import nasplat
 from nasplat import Choice, Float, Int, Trainer
-from nasplat.results import ExperimentResult
+from nasplat.engine.result import ExperimentResult
 
 
 class Sleepy(Trainer):
@@ -220,7 +220,7 @@ def test_sigkill_of_the_driver_then_resume_finishes_without_loss_or_duplicates(r
 def test_tune_adapter_runs_regularized_evolution_inside_a_tuner(ray_session, tmp_path):
     from ray import tune
 
-    from nasplat.tune_adapter import TuneSearch
+    from nasplat.integrations.tune import TuneSearch
 
     def trainable(config):
         tune.report({"score": -(config["x"] - 0.3) ** 2 - 0.01 * config["k"]})

@@ -17,13 +17,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from browser import chromium, console_errors, needs_chromium, screenshot
 
 import nasplat
 from nasplat import Choice, Float, Space, Trainer, WorkerContext
-from nasplat.report import build_report, diff, flatten
-from nasplat.serve import serve
-
-from browser import chromium, console_errors, needs_chromium, screenshot
+from nasplat.core.trees import flatten
+from nasplat.report import build_report
+from nasplat.report.frame import diff
+from nasplat.report.serve import serve
 
 NB201_CSV = Path(__file__).resolve().parents[2] / "shared" / "data" / "nb201.csv"
 

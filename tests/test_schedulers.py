@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 import nasplat
-from nasplat.api import read_spec
 from nasplat import Float, Trainer
 from nasplat.controllers import STOP, Continue, Pause, RandomSearch, Result, Stop
 from nasplat.schedulers import ASHA, Hyperband, MedianStopping, make_scheduler
+from nasplat.storage import read_spec
 
 SPACE = {"x": Float(0.0, 1.0)}
 
@@ -253,7 +253,7 @@ def test_stop_asha_around_evolution_uses_fewer_steps_and_keeps_the_best():
 
 
 def test_scheduler_from_yaml(tmp_path):
-    from nasplat.experiment import experiment_kwargs
+    from nasplat.experiment.file import experiment_kwargs
 
     kwargs = experiment_kwargs({"trainer": "x:y", "space": "x:z", "metric": "score", "controller": "random",
                                 "budget": {"max_trials": 3}, "executor": "simulated",

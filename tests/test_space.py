@@ -12,8 +12,8 @@ from helpers import MIXED, changeable, changed_decisions, roots
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from nasplat.interop import space_from_optuna, space_from_tune
 from nasplat.space import Choice, Float, Int, Space
+from nasplat.space.convert import space_from_optuna, space_from_tune
 
 PROPERTY = settings(max_examples=100, deadline=None, derandomize=True)
 KEYS = st.text(alphabet="abcdefgh_", min_size=1, max_size=4)

@@ -11,8 +11,8 @@ import torch
 
 import nasplat
 from nasplat import ExperimentFailed, Float, Trainer
-from nasplat.metrics import MetricError, clean_metrics
-from nasplat.results import ExperimentResult
+from nasplat.engine.result import ExperimentResult
+from nasplat.engine.step_metrics import MetricError, clean_metrics
 
 SPACE = {"x": Float(0.0, 1.0)}
 

@@ -11,8 +11,8 @@ import pytest
 import yaml
 
 from nasplat.controllers import CONTROLLERS, RegularizedEvolution, check_controller_options
+from nasplat.core.checks import check_int, check_name, check_real, check_run_options
 from nasplat.trainer import check_trainer
-from nasplat.validation import check_int, check_name, check_real, check_run_options
 
 NASPLAT = Path(sys.executable).parent / "nasplat"  # the console script: it puts nothing on sys.path by itself
 
@@ -186,3 +186,84 @@ def test_check_trainer_and_controller_options_name_what_is_allowed() -> None:
     assert check_controller_options(RegularizedEvolution, {"sample_size": 2}) == {"sample_size": 2}
     with pytest.raises(ValueError, match=r"unknown option\(s\) \['size'\] for controller 'evolution'"):
         check_controller_options(RegularizedEvolution, {"size": 2})
+
+
+# -- the registries: one shape, listed once, read by YAML, Python and the command line ---------------------------
+def test_every_plugin_kind_is_one_registry_and_the_run_help_lists_every_name(capsys) -> None:
+    from nasplat.cli import main
+    from nasplat.core.registry import Registry
+    from nasplat.distributed.context import BACKENDS
+    from nasplat.executors import EXECUTORS
+    from nasplat.executors.local import LocalExecutor
+    from nasplat.integrations import CALLBACKS
+    from nasplat.schedulers import SCHEDULERS, Hyperband
+
+    registries = {"controller": CONTROLLERS, "scheduler": SCHEDULERS, "executor": EXECUTORS, "callback": CALLBACKS,
+                  "backend": BACKENDS}
+    assert all(isinstance(r, Registry) and r.kind == kind for kind, r in registries.items())
+    assert list(EXECUTORS) == ["ray", "local", "processes", "simulated"]
+    assert EXECUTORS["local"] is LocalExecutor and SCHEDULERS.lookup("hyperband") is Hyperband
+    assert CONTROLLERS.name_of(RegularizedEvolution) == "evolution"
+    with pytest.raises(SystemExit) as done:
+        main(["run", "--help"])
+    assert done.value.code == 0
+    text = capsys.readouterr().out
+    for key, kind in (("controller", "controller"), ("scheduler", "scheduler"), ("executor", "executor"),
+                      ("callbacks", "callback")):
+        assert f"{kind}s ({key}:): {', '.join(registries[kind])}" in text
+    assert "{" + ",".join(EXECUTORS) + "}" in text  # --executor's choices
+
+
+def test_naming_an_executor_imports_only_that_one() -> None:
+    code = ("import sys, nasplat\nfrom nasplat.executors import EXECUTORS\nassert 'ray' in EXECUTORS\n"
+            "EXECUTORS.lookup('local')\nloaded = [m for m in ('nasplat.executors.ray_executor', 'ray') if m in "
+            "sys.modules]\nassert not loaded, loaded\nassert EXECUTORS['ray'].__name__ == 'RayExecutor'")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+
+
+def test_one_default_executor_for_yaml_and_python(folder: Path) -> None:
+    import inspect
+    import json
+
+    import nasplat
+    from nasplat.executors import DEFAULT_EXECUTOR
+    from nasplat.experiment.file import experiment_kwargs
+
+    file = {k: v for k, v in GOOD.items() if k not in ("executor", "resources")}
+    assert DEFAULT_EXECUTOR == "local" == inspect.signature(nasplat.run).parameters["executor"].default
+    assert experiment_kwargs(file)["executor"] == DEFAULT_EXECUTOR
+    assert run_file(folder, yaml.safe_dump(file)).returncode == 0
+    assert json.loads((folder / "out" / "ok" / "meta.json").read_text())["executor"] == "local"
+    line = one_error_line(run_file(folder, yaml.safe_dump({**file, "name": "r", "resources": {"workers": 2}})))
+    assert line.endswith("resources ['workers'] need executor 'ray', got executor='local' (the default: add "
+                         "`executor: ray`)")
+
+
+def test_the_ray_dashboard_follows_what_the_executor_declares() -> None:
+    from nasplat.executors.simulated import SimulatedExecutor
+    from nasplat.experiment.run import _build, _engine
+    from nasplat.integrations.ray_dashboard import RayMetrics
+
+    class OnRay(SimulatedExecutor):
+        ray_dashboard = True
+
+    spec = dict(trainer="trainers.pbt_toy:PBTToy", space="trainers.pbt_toy:space", metric="Q", max_trials=1)
+    for executor, expected in ((OnRay(), True), ("simulated", False), ("local", False)):
+        built = _build({**spec, "executor": executor})
+        gauges = [x for x in _engine(built, None, progress=False).listeners if isinstance(x, RayMetrics)]
+        assert built.ray_dashboard is expected and len(gauges) == int(expected), executor
+
+
+def test_a_folder_stored_before_constraints_and_schedulers_still_resumes(tmp_path: Path) -> None:
+    import json
+
+    import nasplat
+
+    nasplat.run(trainer="trainers.pbt_toy:PBTToy", space="trainers.pbt_toy:space", metric="Q", max_trials=4,
+                max_steps=2, storage=tmp_path, name="old")
+    spec_file = tmp_path / "old" / "experiment.json"
+    stored = json.loads(spec_file.read_text())
+    assert set(stored) >= {"constraints", "scheduler", "executor"} and stored["name"] == "old"
+    spec_file.write_text(json.dumps({k: v for k, v in stored.items() if k not in ("constraints", "scheduler")}))
+    assert nasplat.resume(tmp_path / "old").counts() == {"completed": 4}

@@ -1,4 +1,5 @@
-"""Search controllers: pure-Python ask/tell strategies, no Ray import."""
+"""Search controllers: pure-Python ask/tell strategies, no Ray import. `CONTROLLERS` names them for YAML
+(`controller:`), `nasplat.run(controller=...)` and the command line's help."""
 
 from __future__ import annotations
 
@@ -7,7 +8,18 @@ from collections.abc import Mapping
 from typing import Any
 
 from nasplat.controllers.base import (
-    CONTINUE, PAUSE, STOP, Continue, Controller, Decision, Exploit, Pause, Result, Stop, TrialSpec,
+    CONTINUE,
+    PAUSE,
+    STOP,
+    Continue,
+    Controller,
+    Decision,
+    Exploit,
+    Pause,
+    Result,
+    Searcher,
+    Stop,
+    TrialSpec,
 )
 from nasplat.controllers.evolution import RegularizedEvolution
 from nasplat.controllers.local_search import LocalSearch
@@ -17,8 +29,9 @@ from nasplat.controllers.pbt import PopulationBasedTraining
 from nasplat.controllers.predictor import Predictor
 from nasplat.controllers.random_search import RandomSearch
 from nasplat.controllers.reinforce import Reinforce
+from nasplat.core.registry import Registry
 
-CONTROLLERS: dict[str, type[Controller]] = {
+CONTROLLERS: Registry[type[Controller]] = Registry("controller", {
     "random": RandomSearch,
     "evolution": RegularizedEvolution,
     "mo_evolution": MultiObjectiveEvolution,
@@ -27,7 +40,7 @@ CONTROLLERS: dict[str, type[Controller]] = {
     "optuna": OptunaSampler,
     "local_search": LocalSearch,
     "predictor": Predictor,
-}
+})
 # Set by the experiment itself (its space, metric, mode and seed), never as a controller option.
 EXPERIMENT_LEVEL = ("space", "metric", "mode", "constraints", "seed")
 
@@ -54,7 +67,7 @@ def check_controller_options(cls: type[Controller], options: Mapping[str, Any] |
     """`options` as a dict, after checking each name against what `cls` takes; a misspelled option is named
     together with the allowed ones. The values are checked by the constructor itself."""
     options = dict(options or {})
-    label = next((name for name, klass in CONTROLLERS.items() if klass is cls), cls.__name__)
+    label = CONTROLLERS.name_of(cls) or cls.__name__
     keys = [k for k in options if not isinstance(k, str)]
     if keys:
         raise ValueError(f"controller option names must be strings, got {keys} for controller {label!r}")
@@ -72,6 +85,6 @@ def check_controller_options(cls: type[Controller], options: Mapping[str, Any] |
 __all__ = [
     "CONTINUE", "CONTROLLERS", "PAUSE", "STOP", "Continue", "Controller", "Decision", "Exploit", "LocalSearch",
     "MultiObjectiveEvolution", "OptunaSampler", "Pause", "PopulationBasedTraining", "Predictor", "RandomSearch",
-    "RegularizedEvolution", "Reinforce", "Result", "Stop", "TrialSpec", "check_controller_options",
+    "RegularizedEvolution", "Reinforce", "Result", "Searcher", "Stop", "TrialSpec", "check_controller_options",
     "controller_options",
 ]

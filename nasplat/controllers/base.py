@@ -1,4 +1,6 @@
-"""The ask/tell contract every search controller follows, and the decisions it returns."""
+"""The ask/tell contract the engine talks to (`Searcher`), the search controllers that follow it (`Controller`),
+and the decisions they return. A scheduler (`nasplat.schedulers.Scheduler`) is the other kind of `Searcher`: it
+wraps a controller."""
 
 from __future__ import annotations
 
@@ -11,9 +13,9 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from nasplat.pareto import parse_constraints, parse_objectives, signs, total_violation
+from nasplat.core.checks import check_int, parse_objectives
+from nasplat.core.pareto import Constraint, parse_constraints, signs, total_violation
 from nasplat.space import Config, Space
-from nasplat.validation import check_int
 
 
 @dataclass(frozen=True)
@@ -73,32 +75,32 @@ STOP = Stop()
 PAUSE = Pause()
 
 
-class Controller(ABC):
-    """A seeded ask/tell search strategy. Scores are always maximised: `mode="min"` flips the sign once here.
+class Searcher(ABC):
+    """What the engine asks and tells: which trial to start (`ask`) or resume (`promote`), what to do after each
+    reported step (`on_result`), that a trial ended (`tell`), and what to keep (`snapshot_due`, `parents`).
 
-    `metric` may name several objectives (with one `mode` each, or one for all) and `constraints` may bound
-    metrics (`"params <= 1.0"`, see `nasplat.pareto.parse_constraints`); only controllers with
-    `multi_objective = True` accept either. `metrics`, `modes` and `constraints` hold them parsed;
-    `metric` and `mode` are the first objective.
+    Two kinds implement it: a `Controller` (a search strategy) and a `nasplat.schedulers.Scheduler` (a schedule
+    that wraps a controller and forwards its objectives). Each hook has a default that lets trials run their
+    course; `ask` and the persistence (`state_dict`, `load_state_dict`) are each implementation's own.
     """
 
-    multi_objective: ClassVar[bool] = False  # whether the controller ranks several objectives and constraints
+    multi_objective: ClassVar[bool] = False
+    """A capability of the class, not a fact of one run: whether it ranks several objectives and constraints. A
+    `Controller` without it refuses them; a scheduler without it judges trials by the first objective only."""
 
-    def __init__(self, space: Space | Mapping[str, Any], *, metric: str | Sequence[str],
-                 mode: str | Sequence[str] = "max", constraints: Any = None, seed: int = 0) -> None:
-        self.metrics, self.modes = parse_objectives(metric, mode)
-        self.constraints = parse_constraints(constraints)
-        if (len(self.metrics) > 1 or self.constraints) and not self.multi_objective:
-            raise ValueError(f"{type(self).__name__} optimises one metric without constraints, got "
-                             f"metric={list(self.metrics)}, constraints={[str(c) for c in self.constraints]}; "
-                             f"for several objectives or constraints use 'mo_evolution', 'random' or 'optuna'")
-        check_int("seed", seed, minimum=0)
-        self.space = space if isinstance(space, Space) else Space(space)
-        self.metric, self.mode, self.seed = self.metrics[0], self.modes[0], seed
-        self._signs = signs(self.modes)
-        self.rng = np.random.default_rng(seed)
-        self.next_trial_id = 0
-        self.failed_trials: list[int] = []  # ids of trials that reported a failure or a non-finite metric, in order
+    min_concurrency: int = 1
+    """How many trials must train side by side (PBT's population); the engine refuses a smaller concurrency and
+    reserves that many slots. A scheduler wraps only controllers that need 1."""
+
+    # The objectives, parsed: `metrics` and `modes` (one "max" or "min" per metric), the constraints on metrics;
+    # `metric` and `mode` are the first objective. The space searched and the seed of the search.
+    space: Space
+    metrics: tuple[str, ...]
+    modes: tuple[str, ...]
+    constraints: tuple[Constraint, ...]
+    metric: str
+    mode: str
+    seed: int
 
     # -- the contract --------------------------------------------------------------------------
     @abstractmethod
@@ -107,8 +109,7 @@ class Controller(ABC):
 
     def tell(self, trial_id: int, result: Result) -> None:
         """A trial ended with `result` (its last report, or a failure). A paused trial has not ended: `tell` comes
-        only if it is resumed and ends, or fails."""
-        self._objectives_of(trial_id, result)
+        only if it is resumed and ends, or fails. The default: nothing."""
 
     def promote(self) -> int | None:
         """A paused trial to resume now, asked before `ask` whenever a slot is free (also once the budget for new
@@ -128,6 +129,51 @@ class Controller(ABC):
         """Whether a later exploit may copy the trial's state as of `step`; executors then keep a copy of it,
         so that the exploit need not wait for the donor's running step. The default: never."""
         return False
+
+    def parents(self) -> set[int] | None:
+        """Ended trials whose final state a later trial may start from (`TrialSpec.inherit_from`); executors keep
+        those states and let go of the others. None (the default): no trial inherits, keep nothing."""
+        return None
+
+    # -- persistence -----------------------------------------------------------------------------
+    @abstractmethod
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to continue identically, RNG state included, as a snapshot that shares nothing."""
+
+    @abstractmethod
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue from `state`, taken by `state_dict` of a searcher built with the same arguments."""
+
+
+class Controller(Searcher):
+    """A seeded ask/tell search strategy: a `Searcher` that proposes the trials itself. Scores are always
+    maximised: `mode="min"` flips the sign once here.
+
+    `metric` may name several objectives (with one `mode` each, or one for all) and `constraints` may bound
+    metrics (`"params <= 1.0"`, see `nasplat.core.pareto.parse_constraints`); only controllers with
+    `multi_objective = True` accept either. `metrics`, `modes` and `constraints` hold them parsed;
+    `metric` and `mode` are the first objective.
+    """
+
+    def __init__(self, space: Space | Mapping[str, Any], *, metric: str | Sequence[str],
+                 mode: str | Sequence[str] = "max", constraints: Any = None, seed: int = 0) -> None:
+        self.metrics, self.modes = parse_objectives(metric, mode)
+        self.constraints = parse_constraints(constraints)
+        if (len(self.metrics) > 1 or self.constraints) and not self.multi_objective:
+            raise ValueError(f"{type(self).__name__} optimises one metric without constraints, got "
+                             f"metric={list(self.metrics)}, constraints={[str(c) for c in self.constraints]}; "
+                             f"for several objectives or constraints use 'mo_evolution', 'random' or 'optuna'")
+        check_int("seed", seed, minimum=0)
+        self.space = space if isinstance(space, Space) else Space(space)
+        self.metric, self.mode, self.seed = self.metrics[0], self.modes[0], seed
+        self._signs = signs(self.modes)
+        self.rng = np.random.default_rng(seed)
+        self.next_trial_id = 0
+        self.failed_trials: list[int] = []  # ids of trials that reported a failure or a non-finite metric, in order
+
+    def tell(self, trial_id: int, result: Result) -> None:
+        """A trial ended with `result`; the default records it in `failed_trials` if it failed."""
+        self._objectives_of(trial_id, result)
 
     # -- helpers ---------------------------------------------------------------------------
     def score(self, result: Result) -> float | None:
@@ -176,11 +222,6 @@ class Controller(ABC):
             self.failed_trials.append(trial_id)
         return scored
 
-    def parents(self) -> set[int] | None:
-        """Ended trials whose final state a later trial may start from (`TrialSpec.inherit_from`); executors keep
-        those states and let go of the others. None (the default): no trial inherits, keep nothing."""
-        return None
-
     def _propose(self, config: Config, parent_id: int | None = None, inherit_from: int | None = None) -> TrialSpec:
         spec = TrialSpec(self.next_trial_id, config, parent_id, inherit_from)
         self.next_trial_id += 1
@@ -195,6 +236,7 @@ class Controller(ABC):
         return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue from `state` (a copy of it: the controller shares nothing with it)."""
         state = copy.deepcopy(dict(state))
         self.rng.bit_generator.state = state.pop("rng")
         for key, value in state.items():

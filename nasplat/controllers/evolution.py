@@ -6,9 +6,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from nasplat.controllers.base import Controller, Result, TrialSpec
-from nasplat.domains import copy_config
+from nasplat.core.checks import check_int, is_int
 from nasplat.space import Config, Space
-from nasplat.validation import check_int
+from nasplat.space.domains import copy_config
 
 
 class RegularizedEvolution(Controller):
@@ -24,8 +24,9 @@ class RegularizedEvolution(Controller):
                  inherit_weights: bool = False, **kwargs: Any) -> None:
         super().__init__(space, **kwargs)
         check_int("population_size", population_size, minimum=1)
-        if isinstance(sample_size, bool) or not isinstance(sample_size, int) or not 1 <= sample_size <= population_size:
-            raise ValueError(f"`sample_size` must be in [1, population_size], got {sample_size=!r}, {population_size=}")
+        if not is_int(sample_size) or not 1 <= sample_size <= population_size:
+            raise ValueError(f"`sample_size` must be an integer in [1, population_size], got {sample_size=!r}, "
+                             f"{population_size=}")
         if not isinstance(inherit_weights, bool):
             raise TypeError(f"`inherit_weights` must be True or False, got {inherit_weights=!r}")
         self.population_size, self.sample_size, self.inherit_weights = population_size, sample_size, inherit_weights

@@ -6,8 +6,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from nasplat.controllers.base import Controller, Result, TrialSpec
-from nasplat.domains import config_key, copy_config
+from nasplat.core.checks import check_int
 from nasplat.space import Config, Space
+from nasplat.space.domains import config_key, copy_config
 
 
 class LocalSearch(Controller):
@@ -24,8 +25,7 @@ class LocalSearch(Controller):
 
     def __init__(self, space: Space | Mapping[str, Any], *, initial_samples: int = 1, **kwargs: Any) -> None:
         super().__init__(space, **kwargs)
-        if not isinstance(initial_samples, int) or initial_samples < 1:
-            raise ValueError(f"`initial_samples` must be an integer >= 1, got {initial_samples=!r}")
+        check_int("initial_samples", initial_samples, minimum=1)
         self.initial_samples = initial_samples
         self.seen: set[Any] = set()  # keys of every config proposed
         self.climb = 0  # restarts so far

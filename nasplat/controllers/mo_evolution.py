@@ -8,7 +8,7 @@ import numpy as np
 
 from nasplat.controllers.base import Result
 from nasplat.controllers.evolution import RegularizedEvolution
-from nasplat.pareto import rank_order
+from nasplat.core.pareto import rank_order
 from nasplat.space import Config
 
 

@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 
 from nasplat.controllers.base import Controller, Result, TrialSpec
-from nasplat.domains import copy_config
 from nasplat.space import MAX_ATTEMPTS, Choice, Config, Float, ForbiddenConfigError, Int, Space
+from nasplat.space.domains import copy_config
 
 if TYPE_CHECKING:  # imported when first used: trial workers never pay for Optuna
     import optuna

@@ -7,9 +7,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from nasplat.controllers.base import CONTINUE, Controller, Decision, Exploit, Result, TrialSpec
-from nasplat.domains import copy_config, random_index
+from nasplat.core.checks import check_int, check_real
 from nasplat.space import Config, Space
-from nasplat.validation import check_int, check_real
+from nasplat.space.domains import copy_config, random_index
 
 
 class PopulationBasedTraining(Controller):
@@ -33,8 +33,7 @@ class PopulationBasedTraining(Controller):
         check_int("perturbation_interval", perturbation_interval, minimum=1)
         if check_real("quantile_fraction", quantile_fraction, minimum=0, strict=True) > 0.5:
             raise ValueError(f"`quantile_fraction` must be in (0, 0.5], got {quantile_fraction=!r}")
-        if check_real("resample_probability", resample_probability, minimum=0) > 1.0:
-            raise ValueError(f"`resample_probability` must be in [0, 1], got {resample_probability=!r}")
+        check_real("resample_probability", resample_probability, minimum=0, maximum=1)
         if len(initial_configs) > population_size:
             raise ValueError(f"got {len(initial_configs)} `initial_configs` for {population_size=}")
         for config in initial_configs:

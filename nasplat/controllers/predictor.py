@@ -15,10 +15,11 @@ from typing import Any
 import numpy as np
 
 from nasplat.controllers.base import Controller, Result, TrialSpec
-from nasplat.controllers.encoding import Encoder
-from nasplat.controllers.ensemble import MLPEnsemble
-from nasplat.domains import config_key, copy_config, random_index
+from nasplat.controllers.surrogate.encoding import Encoder
+from nasplat.controllers.surrogate.ensemble import MLPEnsemble
+from nasplat.core.checks import check_int, check_real
 from nasplat.space import Config, Space
+from nasplat.space.domains import config_key, copy_config, random_index
 
 
 class Predictor(Controller):
@@ -54,13 +55,11 @@ class Predictor(Controller):
                                  ("hidden", hidden, 1), ("fit_steps", fit_steps, 1),
                                  ("max_fit_steps", max_fit_steps, 1), ("batch_size", batch_size, 1),
                                  ("num_parents", num_parents, 1), ("mutations", mutations, 0),
-                                 ("pool_size", pool_size, 0), ("patience", 1 if patience is None else patience, 1)):
-            if not isinstance(value, int) or isinstance(value, bool) or value < low:
-                raise ValueError(f"`{name}` must be an integer >= {low}, got {name}={value!r}")
-        for name, value in (("learning_rate", learning_rate), ("weight_decay", weight_decay)):
-            if not isinstance(value, (int, float)) or not 0 <= value < 1 or (name == "learning_rate" and value == 0):
-                raise ValueError(f"`{name}` must be in {'(0, 1)' if name == 'learning_rate' else '[0, 1)'}, "
-                                 f"got {name}={value!r}")
+                                 ("pool_size", pool_size, 0)):
+            check_int(name, value, minimum=low)
+        check_int("patience", patience, minimum=1, optional=True)
+        check_real("learning_rate", learning_rate, minimum=0, maximum=1, strict=True, strict_maximum=True)
+        check_real("weight_decay", weight_decay, minimum=0, maximum=1, strict_maximum=True)
         self.initial_samples, self.num_parents, self.mutations = initial_samples, num_parents, mutations
         self.pool_size, self.patience = pool_size, patience
         self.fit_steps, self.max_fit_steps, self.batch_size = fit_steps, max_fit_steps, batch_size

@@ -8,8 +8,8 @@ from typing import Any
 import numpy as np
 
 from nasplat.controllers.base import Controller, Result, TrialSpec
+from nasplat.core.checks import check_real
 from nasplat.space import MAX_ATTEMPTS, Config, ForbiddenConfigError, Space
-from nasplat.validation import check_real
 
 
 class Reinforce(Controller):
@@ -26,8 +26,7 @@ class Reinforce(Controller):
                  baseline_decay: float = 0.9, **kwargs: Any) -> None:
         super().__init__(space, **kwargs)
         check_real("learning_rate", learning_rate, minimum=0, strict=True)
-        if not 0.0 <= check_real("baseline_decay", baseline_decay) < 1.0:
-            raise ValueError(f"`baseline_decay` must be in [0, 1), got {baseline_decay=!r}")
+        check_real("baseline_decay", baseline_decay, minimum=0, maximum=1, strict_maximum=True)
         self.learning_rate, self.baseline_decay = learning_rate, baseline_decay
         self.logits = [np.zeros(n) for n in self.space.cardinalities()]
         self.baseline: float | None = None

@@ -1,6 +1,7 @@
-"""The distributed-training core: gangs of Ray actors and the allreduce, async and gossip backends."""
+"""Data-parallel backends: how the ranks of a gang keep their replicas in step (synchronous allreduce,
+asynchronous parameter servers, decentralized gossip), their options, and the context a rank hands its trainer.
+The gangs themselves are `nasplat.executors.gang`."""
 
 from nasplat.distributed.context import BACKENDS, OPTION_DEFAULTS, DistributedContext, check_options
-from nasplat.distributed.gang import Gang, Worker
 
-__all__ = ["BACKENDS", "OPTION_DEFAULTS", "DistributedContext", "Gang", "Worker", "check_options"]
+__all__ = ["BACKENDS", "OPTION_DEFAULTS", "DistributedContext", "check_options"]

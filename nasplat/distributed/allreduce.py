@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from nasplat.distributed.context import Backend
+from nasplat.distributed.backend import Backend
 
 
 def host_store(host: str, timeout_s: float) -> tuple[dist.TCPStore, str]:

@@ -17,7 +17,7 @@ import ray
 import torch
 from ray.exceptions import GetTimeoutError, RayActorError
 
-from nasplat.distributed.context import Backend
+from nasplat.distributed.backend import Backend
 from nasplat.distributed.parameter_server import Generation, shard_parameters
 from nasplat.trainer import hyperparameters
 
@@ -84,6 +84,7 @@ class AsyncBackend(Backend):
 
     @property
     def generation(self) -> Generation:
+        """The (epoch, sub-generation) the servers must run for this rank's pushes."""
         return self.epoch, self.sub
 
     def prepare(self, model: Any, optimizer: Any) -> tuple[Any, Any]:

@@ -2,19 +2,25 @@
 
 from __future__ import annotations
 
-import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from nasplat.core.checks import check_int, check_real, is_real, received
+from nasplat.core.registry import Registry
+from nasplat.distributed.backend import Backend
 from nasplat.trainer import WorkerContext
 
 if TYPE_CHECKING:
     import torch
 
-BACKENDS = ("allreduce", "async", "gossip")
+BACKENDS: Registry[type[Backend]] = Registry("backend", {
+    "allreduce": "nasplat.distributed.allreduce:AllreduceBackend",  # synchronous allreduce of gradients (DDP)
+    "async": "nasplat.distributed.async_sgd:AsyncBackend",  # asynchronous SGD through parameter servers
+    "gossip": "nasplat.distributed.gossip:GossipBackend",  # decentralized averaging with ring neighbours
+})
 GROUP_BACKENDS = ("allreduce", "gossip")  # those that need a torch.distributed process group
 
 # Every option each backend accepts, with its default. `timeout_s`: how long a collective (allreduce, gossip) or a
@@ -27,9 +33,8 @@ OPTION_DEFAULTS: dict[str, dict[str, Any]] = {
 
 
 def check_backend(backend: str) -> str:
-    if backend not in BACKENDS:
-        raise ValueError(f"unknown backend {backend!r}; allowed: {list(BACKENDS)}")
-    return backend
+    """`backend`, if it names one of `BACKENDS`."""
+    return BACKENDS.check(backend)
 
 
 def check_options(backend: str, options: Mapping[str, Any] | None = None) -> dict[str, Any]:
@@ -42,21 +47,15 @@ def check_options(backend: str, options: Mapping[str, Any] | None = None) -> dic
     merged = {**allowed, **options}
     for key in ("num_servers", "snapshot_every", "period"):
         if key in merged:
-            _check_int(key, merged[key], minimum=1)
-    if merged.get("max_staleness") is not None:
-        _check_int("max_staleness", merged["max_staleness"], minimum=0)
+            check_int(key, merged[key], minimum=1)
+    if merged.get("max_staleness") is not None:  # None: no bound
+        check_int("max_staleness", merged["max_staleness"], minimum=0)
     topk = merged.get("topk")
-    if topk is not None and (isinstance(topk, bool) or not isinstance(topk, numbers.Real) or not 0 < topk <= 1):
-        raise ValueError(f"`topk` must be None or the fraction of gradient entries kept, in (0, 1], got {topk=!r}")
-    timeout = merged["timeout_s"]
-    if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real) or timeout <= 0:
-        raise ValueError(f"`timeout_s` must be a number of seconds > 0, got {timeout=!r}")
+    if topk is not None and not (is_real(topk) and 0 < topk <= 1):
+        raise ValueError(f"`topk` must be None or the fraction of gradient entries kept, in (0, 1], "
+                         f"{received('topk', topk)}")
+    check_real("timeout_s", merged["timeout_s"], minimum=0, strict=True, finite=False, note="seconds")
     return merged
-
-
-def _check_int(key: str, value: Any, *, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
-        raise ValueError(f"`{key}` must be an integer >= {minimum}, got {key}={value!r}")
 
 
 def rank_seed(seed: int, rank: int) -> int:
@@ -81,51 +80,13 @@ def worker_device(kind: str) -> torch.device:
     raise ValueError(f"unknown device kind {kind!r}; allowed: ['cpu', 'cuda']")
 
 
-class Backend:
-    """How a rank takes part in data-parallel training. This base is the single-worker case: it changes nothing.
-
-    The Worker calls `begin` before each launch/exploit, the trainer calls `prepare` (through the context) during
-    `setup`, the Worker calls `on_load` after loading a state and `end_step` after every trainer step (every
-    rank at once, so backends may run collectives there); `end_step` returns metrics to merge into the step's.
-    """
-
-    name = "local"
-
-    def __init__(self, rank: int = 0, world_size: int = 1, device: torch.device | str = "cpu",
-                 options: Mapping[str, Any] | None = None) -> None:
-        self.rank, self.world_size = rank, world_size
-        self.device = device
-        self.options = dict(options or {})
-        self.epoch = 0
-
-    def begin(self, epoch: int, *, new_trial: bool) -> None:
-        """A launch (`new_trial`) or an exploit numbered `epoch` by the gang starts on every rank."""
-        self.epoch = epoch
-
-    def prepare(self, model: Any, optimizer: Any) -> tuple[Any, Any]:
-        return model, optimizer
-
-    def on_load(self) -> None:
-        """The trainer's state was just replaced (the same state on every rank)."""
-
-    def end_step(self) -> dict[str, float]:
-        return {}
-
-
 def make_backend(backend: str, rank: int, world_size: int, device: torch.device | str,
                  options: Mapping[str, Any] | None) -> Backend:
     """The backend object of one rank; one worker always gets the no-op `Backend`."""
     options = check_options(backend, options)
     if world_size == 1:
         return Backend(rank, world_size, device, options)
-    if backend == "allreduce":
-        from nasplat.distributed.allreduce import AllreduceBackend
-        return AllreduceBackend(rank, world_size, device, options)
-    if backend == "async":
-        from nasplat.distributed.async_sgd import AsyncBackend
-        return AsyncBackend(rank, world_size, device, options)
-    from nasplat.distributed.gossip import GossipBackend
-    return GossipBackend(rank, world_size, device, options)
+    return BACKENDS[backend](rank, world_size, device, options)
 
 
 @dataclass

@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
-from nasplat.distributed.context import Backend
+from nasplat.distributed.backend import Backend
 
 
 def ring_neighbours(rank: int, world_size: int) -> list[int]:

@@ -71,9 +71,11 @@ class ParameterServer:
 
     @property
     def generation(self) -> Generation:
+        """The (epoch, sub-generation) of the trial state the server holds."""
         return tuple(self.spec["generation"])
 
     def info(self) -> dict[str, Any]:
+        """Where the server runs, its generation, how many updates it applied, and whether it restored a snapshot."""
         return {"node": socket.gethostname(), "pid": os.getpid(), "generation": self.generation,
                 "updates": self.updates, "restored": self.restored}
 
@@ -101,6 +103,7 @@ class ParameterServer:
         self.optimizer = spec["optimizer_cls"](groups, **spec["defaults"])
 
     def weights(self) -> np.ndarray:
+        """The server's shard of the parameters, flat."""
         with torch.no_grad():
             return torch.cat([p.reshape(-1) for p in self.params]).numpy()
 
@@ -114,6 +117,7 @@ class ParameterServer:
                                f"for the older generation {generation} (a trial that was already replaced)")
 
     async def pull(self, generation: Generation) -> np.ndarray:
+        """The shard's weights, once `generation` is initialised."""
         await self._reach(generation)
         return self.weights()
 

@@ -7,18 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from nasplat.space import Config
-
-
-@dataclass(frozen=True)
-class Checkpoint:
-    """A trainer state written to storage: trial `trial_id` as it entered step `step + 1` (after step `step`, and
-    after an exploit's load where one came with that step). `uri` is where it lies once durable, `error` why the
-    write failed (then `uri` is None)."""
-
-    trial_id: int
-    step: int
-    uri: str | None = None
-    error: str | None = None
+from nasplat.storage.checkpoints import Checkpoint
 
 
 @dataclass(frozen=True)
@@ -42,6 +31,8 @@ class Executor(ABC):
 
     concurrency: int
     kept: dict[int, Any]  # trial id -> final state handle (see `stop`)
+    ray_dashboard: bool = False
+    """Whether the run's progress is mirrored into Ray dashboard gauges: the executor runs on Ray."""
 
     @abstractmethod
     def open(self, trainer: type, experiment: str, checkpoints: Any = None) -> None:
@@ -85,6 +76,11 @@ class Executor(ABC):
     def kept_state(self, trial_id: int) -> Any:
         """The final state kept by `stop(trial_id, keep_state=True)`, or None."""
         return self.kept.get(trial_id)
+
+    def take_kept(self, trial_id: int) -> Any:
+        """Hand over the final state kept by `stop(trial_id, keep_state=True)` and let go of it here (None if none
+        is kept): a paused trial the controller promotes resumes from it."""
+        return self.kept.pop(trial_id, None)
 
     def drop_states(self, keep: set[int]) -> None:
         """Let go of every kept state but those of `keep`."""

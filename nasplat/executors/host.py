@@ -1,7 +1,7 @@
 """One trial host: builds, steps, exploits and checkpoints the trainer of whichever trial runs now.
 
-`LocalExecutor` holds one per running trial; on Ray, each rank of a gang (`nasplat.distributed.gang.Worker`) holds
-one for the gang's whole life. States move between hosts packed (`nasplat.distributed.packing`): `load` copies a
+`LocalExecutor` holds one per running trial; on Ray, each rank of a gang (`nasplat.executors.gang.Worker`) holds
+one for the gang's whole life. States move between hosts packed (`nasplat.executors.packing`): `load` copies a
 packed state's tensors into the trainer's own, whatever the state came from (an exploit's donor, a kept parent, a
 retry's handle or a durable `Checkpoint`).
 """
@@ -11,11 +11,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from nasplat.checkpoint import CheckpointWriter, copy_state, load_checkpoint
-from nasplat.distributed.packing import pack, unpack
-from nasplat.executors.base import Checkpoint
+from nasplat.core.trees import copy_state
+from nasplat.executors.packing import pack, unpack
 from nasplat.space import Config
 from nasplat.storage import Storage
+from nasplat.storage.checkpoints import Checkpoint, CheckpointWriter, load_checkpoint
 from nasplat.trainer import Trainer, WorkerContext, start
 
 

@@ -6,14 +6,16 @@ import os
 import socket
 import time
 import traceback
-from collections import Counter, deque
+from collections import deque
 from typing import Any
 
-from nasplat.checkpoint import CheckpointWriter
-from nasplat.executors.base import Checkpoint, Executor, StepEvent
+from nasplat.core.checks import check_int
+from nasplat.executors.base import Executor, StepEvent
 from nasplat.executors.host import TrialHost
+from nasplat.executors.saves import SaveTracker
 from nasplat.space import Config
 from nasplat.storage import Storage
+from nasplat.storage.checkpoints import Checkpoint, CheckpointWriter
 from nasplat.trainer import WorkerContext
 
 
@@ -24,15 +26,14 @@ class LocalExecutor(Executor):
     background_writes = True
 
     def __init__(self, concurrency: int = 1) -> None:
-        if not isinstance(concurrency, int) or concurrency < 1:
-            raise ValueError(f"`concurrency` must be an integer >= 1, got {concurrency=!r}")
+        check_int("concurrency", concurrency, minimum=1)
         self.concurrency = concurrency
         self.hosts: dict[int, TrialHost] = {}
         self.snapshots: dict[int, Any] = {}  # trial id -> the copy `step(snapshot=True)` took
         self.kept: dict[int, Any] = {}
         self.queue: deque[tuple[str, int]] = deque()  # ("step" | "saves", trial id)
         self.failed_setup: dict[int, str] = {}
-        self.unreported: Counter[int] = Counter()  # trial id -> saves requested and not yet reported
+        self.saves = SaveTracker()  # saves requested and not yet reported
         self.writer: CheckpointWriter | None = None
         self.node, self.pid = socket.gethostname(), os.getpid()
 
@@ -77,7 +78,7 @@ class LocalExecutor(Executor):
     def _save(self, host: TrialHost, step: int) -> None:
         if self.writer is None:
             raise RuntimeError("a save was requested from an executor opened without checkpoint storage")
-        self.unreported[host.trial_id] += 1
+        self.saves.request(host.trial_id, step)
         host.save(step)
 
     def exploit(self, trial_id: int, donor_id: int, config: Config, save: int | None = None,
@@ -122,7 +123,7 @@ class LocalExecutor(Executor):
             self.kept[trial_id] = host.copy()
         if save is not None:
             self._save(host, save)
-        if self.unreported[trial_id]:
+        if self.saves.owes(trial_id):
             self._report_saves(trial_id)
 
     def _report_saves(self, trial_id: int) -> None:
@@ -132,9 +133,7 @@ class LocalExecutor(Executor):
     def _saved(self, trial_id: int, *, wait: bool) -> tuple[Checkpoint, ...]:
         if self.writer is None:
             return ()
-        saved = tuple(self.writer.collect(trial_id, wait=wait))
-        self.unreported[trial_id] -= len(saved)
-        return saved
+        return self.saves.report(self.writer.collect(trial_id, wait=wait))
 
     def run_step(self, trial_id: int) -> StepEvent:
         begin = self.now()

@@ -12,17 +12,32 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from nasplat.executors.local import LocalExecutor
-from nasplat.space import Config
+from nasplat.executors.messages import (
+    ASKS,
+    Adopt,
+    Close,
+    Crash,
+    Event,
+    ExploitState,
+    Give,
+    Given,
+    Keep,
+    Launch,
+    Message,
+    Reply,
+    Request,
+    Snapshot,
+    Step,
+    Stop,
+)
 from nasplat.storage import Storage
-
-REPLIES = ("exploit_state", "keep", "give")  # messages the driver waits on: the worker replies to each
 
 
 def serve(conn: Connection, trainer_cls: type, checkpoints: Storage | None, t0: float, threads: int) -> None:
     """A worker's loop: read every message that has come, then run one queued step and send its event."""
     if "torch" in sys.modules:
         sys.modules["torch"].set_num_threads(threads)
-    outgoing: queue.SimpleQueue[Any] = queue.SimpleQueue()  # a sender thread: a large reply never blocks reading
+    outgoing: queue.SimpleQueue[Message | None] = queue.SimpleQueue()  # a sender thread: replies never block reading
 
     def send() -> None:
         while (message := outgoing.get()) is not None:
@@ -36,75 +51,77 @@ def serve(conn: Connection, trainer_cls: type, checkpoints: Storage | None, t0: 
         local.t0 = t0
         while True:
             while not local.queue or conn.poll():
-                message = pickle.loads(conn.recv_bytes())
-                if message[0] == "close":
+                request: Request = pickle.loads(conn.recv_bytes())
+                if isinstance(request, Close):
                     return
-                if message[0] in REPLIES:
+                if isinstance(request, ASKS):
                     try:
-                        reply = _handle(local, message)
+                        reply = _handle(local, request)
                     except Exception:  # e.g. a trainer without `state_dict`: the receiver loads the fallback
                         reply = None
-                    outgoing.put(("reply", reply))
+                    outgoing.put(Reply(reply))
                 else:
-                    _handle(local, message)
-                if message[0] == "step" and message[2]:  # the driver holds snapshots, as on Ray (None: none taken)
-                    outgoing.put(("snapshot", message[1], local.snapshots.pop(message[1], None)))
+                    _handle(local, request)
+                if isinstance(request, Step) and request.snapshot:  # the driver holds snapshots, as on Ray
+                    outgoing.put(Snapshot(request.trial_id, local.snapshots.pop(request.trial_id, None)))
             for event in local.wait():
-                outgoing.put(("event", event))
+                outgoing.put(Event(event))
     except (EOFError, KeyboardInterrupt):
         return
     except BaseException:
-        outgoing.put(("crash", traceback.format_exc()))
+        outgoing.put(Crash(traceback.format_exc()))
     finally:
         local.close()
         outgoing.put(None)
         sender.join(timeout=30)
 
 
-def _dumps(message: tuple[Any, ...]) -> bytes:
+def _dumps(message: Message) -> bytes:
     """A worker's message pickled (tensors by value, like `torch.save`: no shared memory to track); a step event whose
     metrics cannot be pickled becomes that step's error, a state that cannot be becomes None (the fallback)."""
     try:
         return pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
     except Exception as exc:
-        if message[0] != "event":
-            return pickle.dumps(message[:-1] + (None,), protocol=pickle.HIGHEST_PROTOCOL)
-        event = message[1]
-        error = f"the step's metrics could not be sent from the worker process: {type(exc).__name__}: {exc}"
-        return pickle.dumps(("event", replace(event, metrics=None, error=error)), protocol=pickle.HIGHEST_PROTOCOL)
+        if isinstance(message, Event):
+            error = f"the step's metrics could not be sent from the worker process: {type(exc).__name__}: {exc}"
+            message = Event(replace(message.event, metrics=None, error=error))
+        elif isinstance(message, Reply):
+            message = Reply(None)
+        elif isinstance(message, Snapshot):
+            message = Snapshot(message.trial_id, None)
+        return pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
 
 
-def _handle(local: LocalExecutor, message: tuple[Any, ...]) -> Any:
-    """Apply one driver message to the worker's `LocalExecutor`; the reply where the driver waits for one."""
-    if message[0] == "give":
-        return _give(local, message[1])
-    kind, trial_id, *args = message
-    if kind == "launch":
-        local.launch(trial_id, *args)
-    elif kind == "step":
-        local.step(trial_id, *args)
-    elif kind == "adopt":
-        local.adopt(trial_id, *args)
-    elif kind == "exploit_state":
-        return local.exploit_state(trial_id, *args)
-    elif kind == "stop":
-        local.stop(trial_id, save=args[0])
-    elif kind == "keep":
-        local.stop(trial_id, keep_state=True, save=args[0])
-        return local.kept.pop(trial_id, None)
+def _handle(local: LocalExecutor, request: Request) -> Any:
+    """Apply one driver request to the worker's `LocalExecutor`; the reply where the driver waits for one."""
+    if isinstance(request, Launch):
+        local.launch(request.trial_id, request.config, request.seed, request.state, request.inherit)
+    elif isinstance(request, Step):
+        local.step(request.trial_id, request.snapshot, request.save)
+    elif isinstance(request, Adopt):
+        local.adopt(request.trial_id, request.state, request.config, request.save, request.fallback)
+    elif isinstance(request, Stop):
+        local.stop(request.trial_id, save=request.save)
+    elif isinstance(request, ExploitState):
+        return local.exploit_state(request.trial_id, request.fallback)
+    elif isinstance(request, Keep):
+        local.stop(request.trial_id, keep_state=True, save=request.save)
+        return local.take_kept(request.trial_id)
+    elif isinstance(request, Give):
+        return _give(local, request.candidates)
     else:
-        raise ValueError(f"unknown message {kind!r}")
+        raise TypeError(f"unknown request {request!r}")
     return None
 
 
-def _give(local: LocalExecutor, candidates: list[int]) -> tuple[int, Config, int, Any] | None:
-    """Hand over the candidate whose queued step would run last here: (trial id, config, seed, a copy of its state),
-    the trial stopped here without its step; None where no candidate waits here with a state that can be copied."""
+def _give(local: LocalExecutor, candidates: tuple[int, ...]) -> Given | None:
+    """Hand over the candidate whose queued step would run last here (its config, seed and a copy of its state), the
+    trial stopped here without its step; None where no candidate waits here with a state that can be copied."""
     for index in range(len(local.queue) - 1, -1, -1):
         kind, trial_id = local.queue[index]
         host = local.hosts.get(trial_id)
         if kind != "step" or trial_id not in candidates or host is None or host.trainer is None \
-                or trial_id in local.failed_setup or local.unreported[trial_id]:
+                or trial_id in local.failed_setup or local.saves.owes(trial_id):
             continue
         try:
             state = host.copy()
@@ -112,5 +129,5 @@ def _give(local: LocalExecutor, candidates: list[int]) -> tuple[int, Config, int
             continue
         del local.queue[index]
         local.stop(trial_id)
-        return trial_id, host.config, host.trainer.ctx.seed, state
+        return Given(trial_id, host.config, host.trainer.ctx.seed, state)
     return None

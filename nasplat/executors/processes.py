@@ -12,10 +12,30 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
-from nasplat.executors.base import Checkpoint, Executor, StepEvent
+from nasplat.core.checks import check_int, is_int
+from nasplat.executors.base import Executor, StepEvent
+from nasplat.executors.messages import (
+    Adopt,
+    Close,
+    Crash,
+    Event,
+    ExploitState,
+    Give,
+    Given,
+    Keep,
+    Launch,
+    Message,
+    Reply,
+    Request,
+    Snapshot,
+    Step,
+    Stop,
+)
 from nasplat.executors.process_worker import serve
+from nasplat.executors.saves import SaveTracker
 from nasplat.space import Config
 from nasplat.storage import Storage
+from nasplat.storage.checkpoints import Checkpoint
 
 
 @dataclass
@@ -45,20 +65,19 @@ class ProcessExecutor(Executor):
     """
 
     def __init__(self, concurrency: int = 1, *, processes: int | None = None, threads: int | None = None) -> None:
-        if not isinstance(concurrency, int) or concurrency < 1:
-            raise ValueError(f"`concurrency` must be an integer >= 1, got {concurrency=!r}")
+        check_int("concurrency", concurrency, minimum=1)
+        if processes is not None:
+            check_int("processes", processes, minimum=1, note="worker processes")
+        if threads is not None and (not is_int(threads) or threads < 1):  # the exact line tests pin: no hint
+            raise ValueError(f"`threads` must be an integer >= 1 (torch threads per worker), got {threads=!r}")
         cores = len(os.sched_getaffinity(0))
         workers = min(concurrency, cores) if processes is None else processes
-        if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
-            raise ValueError(f"`processes` must be an integer >= 1 (worker processes), got {processes=!r}")
-        if threads is not None and (not isinstance(threads, int) or isinstance(threads, bool) or threads < 1):
-            raise ValueError(f"`threads` must be an integer >= 1 (torch threads per worker), got {threads=!r}")
         self.concurrency, self.workers = concurrency, workers
         self.threads = threads if threads is not None else max(1, cores // workers)
         self.kept: dict[int, Any] = {}
         self.pool: list[_Worker] = []
         self.where: dict[int, _Worker] = {}  # trial id -> the worker hosting it
-        self.owed: dict[int, set[int]] = {}  # trial id -> steps of saves requested and not yet reported
+        self.saves = SaveTracker()  # saves requested and not yet reported
         self.ended_on: dict[int, _Worker] = {}  # stopped trial id -> the worker that still owes its saves
         self.running: set[int] = set()  # trials with a step started and not yet reported
         self.snapshots: dict[int, Any] = {}  # trial id -> the state its worker sent at its latest `snapshot` step
@@ -95,13 +114,13 @@ class ProcessExecutor(Executor):
         self.where[trial_id] = worker
         self.snapshots.pop(trial_id, None)
         self.in_flight.pop(trial_id, None)
-        self._send(trial_id, ("launch", trial_id, config, seed, state, inherit))
+        self._send(trial_id, Launch(trial_id, config, seed, state, inherit))
 
     def step(self, trial_id: int, snapshot: bool = False, save: int | None = None) -> None:
         self._owe(trial_id, save)
         if snapshot:
             self.in_flight[trial_id] = self.in_flight.get(trial_id, 0) + 1
-        self._send(trial_id, ("step", trial_id, snapshot, save))
+        self._send(trial_id, Step(trial_id, snapshot, save))
 
     def exploit(self, trial_id: int, donor_id: int, config: Config, save: int | None = None,
                 fallback: Checkpoint | None = None) -> Any:
@@ -112,14 +131,14 @@ class ProcessExecutor(Executor):
                 self._receive(donor)  # it takes a snapshot as it reads the step: within the step it is running
         state = self.snapshots.get(donor_id)
         if state is None and donor is not None:  # no snapshot: its state once the step it is running ends
-            state = self._ask(donor, ("exploit_state", donor_id, fallback))
+            state = self._ask(donor, ExploitState(donor_id, fallback))
             sent = self.snapshots.get(donor_id)
             state = state if sent is None else sent  # a snapshot sent before the reply comes first
         if state is None:
             state = self.kept.get(donor_id, fallback)
         self.snapshots.pop(trial_id, None)
         self._owe(trial_id, save)
-        self._send(trial_id, ("adopt", trial_id, state, config, save, fallback))
+        self._send(trial_id, Adopt(trial_id, state, config, save, fallback))
         return state
 
     def stop(self, trial_id: int, keep_state: bool = False, save: int | None = None) -> None:
@@ -131,44 +150,44 @@ class ProcessExecutor(Executor):
         worker.trials.discard(trial_id)
         self._owe(trial_id, save)
         if keep_state:
-            state = self._ask(worker, ("keep", trial_id, save))
+            state = self._ask(worker, Keep(trial_id, save))
             if state is not None:
                 self.kept[trial_id] = state
         elif worker.alive:
-            self._write(worker, ("stop", trial_id, save))
-        if not worker.alive and self.owed.get(trial_id):
+            self._write(worker, Stop(trial_id, save))
+        if not worker.alive and self.saves.owes(trial_id):
             self.ready.append(self._lost(trial_id, worker.process.pid, error=None))
-        elif self.owed.get(trial_id):
+        elif self.saves.owes(trial_id):
             self.ended_on[trial_id] = worker
 
     def _owe(self, trial_id: int, save: int | None) -> None:
         if save is not None:
-            self.owed.setdefault(trial_id, set()).add(save)
+            self.saves.request(trial_id, save)
 
     # -- messages --------------------------------------------------------------------------------
-    def _send(self, trial_id: int, message: tuple[Any, ...]) -> None:
+    def _send(self, trial_id: int, message: Request) -> None:
         worker = self.where.get(trial_id)  # a live worker: `_died` takes a dead one's trials out of `where`
         if worker is not None:
             self.running.add(trial_id)
             self._write(worker, message)  # if the worker died, `_died` failed this step with its others
-        elif self.owed.get(trial_id):  # its worker died while the driver waited on it: the saves asked since fail
+        elif self.saves.owes(trial_id):  # its worker died while the driver waited on it: the saves asked since fail
             self.ready.append(self._lost(trial_id, 0, error=None))
 
-    def _write(self, worker: _Worker, message: tuple[Any, ...]) -> None:
+    def _write(self, worker: _Worker, message: Request) -> None:
         try:
             worker.conn.send_bytes(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
         except OSError:
             self._died(worker)
 
-    def _ask(self, worker: _Worker, message: tuple[Any, ...]) -> Any:
+    def _ask(self, worker: _Worker, message: Request) -> Any:
         """Send `message` and wait for the worker's reply (None if the worker died); events that arrive first are
         kept for `wait`."""
         if worker.alive:
             self._write(worker, message)
         while worker.alive:
             reply = self._receive(worker)
-            if reply is not None and reply[0] == "reply":
-                return reply[1]
+            if isinstance(reply, Reply):
+                return reply.value
         return None
 
     def _drain(self, worker: _Worker) -> None:
@@ -176,31 +195,29 @@ class ProcessExecutor(Executor):
         while worker.alive and worker.conn.poll() and self._receive(worker) is not None:
             pass
 
-    def _receive(self, worker: _Worker) -> tuple[Any, ...] | None:
+    def _receive(self, worker: _Worker) -> Message | None:
         """One message from `worker`; events go to `ready`. None where the worker died."""
         try:
-            message = pickle.loads(worker.conn.recv_bytes())
+            message: Message = pickle.loads(worker.conn.recv_bytes())
         except (EOFError, OSError):
             self._died(worker)
             return None
-        if message[0] == "event":
-            self._settle(message[1])
-        elif message[0] == "snapshot":
-            self.in_flight[message[1]] = self.in_flight.get(message[1], 1) - 1
-            self.snapshots[message[1]] = message[2]  # None (it could not be taken): an exploit asks for the state
-        elif message[0] == "crash":
-            self._died(worker, message[1])
+        if isinstance(message, Event):
+            self._settle(message.event)
+        elif isinstance(message, Snapshot):
+            self.in_flight[message.trial_id] = self.in_flight.get(message.trial_id, 1) - 1
+            self.snapshots[message.trial_id] = message.state  # None (none taken): an exploit asks for the state
+        elif isinstance(message, Crash):
+            self._died(worker, message.error)
             return None
         return message
 
     def _settle(self, event: StepEvent) -> None:
         if event.metrics is not None or event.error is not None:
             self.running.discard(event.trial_id)
-        owed = self.owed.get(event.trial_id)
-        if owed is not None:
-            owed.difference_update(c.step for c in event.saved)
-            if not owed:
-                self.ended_on.pop(event.trial_id, None)
+        self.saves.report(event.saved)
+        if not self.saves.owes(event.trial_id):
+            self.ended_on.pop(event.trial_id, None)
         self.ready.append(event)
 
     def _died(self, worker: _Worker, error: str | None = None) -> None:
@@ -228,8 +245,7 @@ class ProcessExecutor(Executor):
 
     def _lost(self, trial_id: int, pid: int | None, error: str | None) -> StepEvent:
         """The event that ends a trial's attempt on a dead worker (`error`), with the saves it owed, failed."""
-        saved = tuple(Checkpoint(trial_id, step, error="the worker process writing it died")
-                      for step in sorted(self.owed.pop(trial_id, ())))
+        saved = self.saves.lose(trial_id, "the worker process writing it died")
         now = self.now()
         return StepEvent(trial_id, None, error, now, now, os.uname().nodename, pid or 0, saved)
 
@@ -240,24 +256,23 @@ class ProcessExecutor(Executor):
         idle = [w for w in live if not w.trials & self.running]
         for busy in sorted(live, key=lambda w: len(w.trials & self.running), reverse=True):
             waiting = busy.trials & self.running
-            movable = sorted(t for t in waiting if not self.owed.get(t) and not self.in_flight.get(t))
+            movable = sorted(t for t in waiting if not self.saves.owes(t) and not self.in_flight.get(t))
             if not idle or len(waiting) < 2 or not movable:
                 return
-            given = self._ask(busy, ("give", movable))
+            given: Given | None = self._ask(busy, Give(tuple(movable)))
             if given is not None:
-                trial_id, config, seed, state = given
                 target = idle.pop()
-                busy.trials.discard(trial_id)
-                target.trials.add(trial_id)
-                self.where[trial_id] = target
-                self._write(target, ("launch", trial_id, config, seed, state, False))
+                busy.trials.discard(given.trial_id)
+                target.trials.add(given.trial_id)
+                self.where[given.trial_id] = target
+                self._write(target, Launch(given.trial_id, given.config, given.seed, given.state))
 
     def wait(self) -> list[StepEvent]:
         if not self.ready:
             self._balance()
         while not self.ready:
             live = {w.conn: w for w in self.pool if w.alive}
-            if not self.running and not any(self.owed.values()) or not live:
+            if not self.running and not self.saves.owes() or not live:
                 raise RuntimeError("wait() called with no step running")
             for conn in wait(list(live)):
                 self._drain(live[conn])
@@ -267,7 +282,7 @@ class ProcessExecutor(Executor):
     def close(self) -> None:
         for worker in self.pool:
             if worker.alive:
-                self._write(worker, ("close",))
+                self._write(worker, Close())
         for worker in self.pool:
             worker.process.join(timeout=10)
             if worker.process.is_alive():

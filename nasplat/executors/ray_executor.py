@@ -6,16 +6,20 @@ import os
 import sys
 import time
 import traceback
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import ray
 import ray.cloudpickle
 
-from nasplat.distributed.gang import SAVED, Gang
-from nasplat.executors.base import Checkpoint, Executor, StepEvent
+from nasplat.core.checks import check_int
+from nasplat.executors.base import Executor, StepEvent
+from nasplat.executors.gang import Gang
+from nasplat.executors.saves import SaveTracker, StepOutcome
 from nasplat.space import Config
 from nasplat.storage import Storage
+from nasplat.storage.checkpoints import Checkpoint
 
 
 @dataclass
@@ -50,14 +54,14 @@ class RayExecutor(Executor):
     """
 
     idle_release_s = 1.0
+    ray_dashboard = True
 
     def __init__(self, concurrency: int | None = None, *, cpus_per_trial: float = 1.0, gpus_per_trial: float = 0.0,
                  workers: int = 1, backend: str = "allreduce", strategy: str = "PACK",
                  backend_options: dict[str, Any] | None = None, address: str | None = None,
                  init_options: dict[str, Any] | None = None) -> None:
-        if concurrency is not None and (not isinstance(concurrency, int) or concurrency < 1):
-            raise ValueError(f"`concurrency` must be an integer >= 1 (or None for the cluster's CPUs), "
-                             f"got {concurrency!r}")
+        if concurrency is not None:
+            check_int("concurrency", concurrency, minimum=1, note="or None for the cluster's CPUs")
         if not cpus_per_trial > 0:
             raise ValueError(f"`cpus_per_trial` must be > 0, got {cpus_per_trial!r}")
         self.requested_concurrency = concurrency
@@ -71,7 +75,7 @@ class RayExecutor(Executor):
         self.kept: dict[int, Any] = {}
         self.busy: dict[int, _Slot] = {}
         self.inflight: dict[ray.ObjectRef, _Call] = {}
-        self.requested: dict[int, list[int]] = {}  # trial id -> steps whose save is not reported yet
+        self.saves = SaveTracker()  # saves requested and not yet reported
         self.lost: list[StepEvent] = []  # saves that died with their worker, reported by the next `wait`
         self.checkpoints: str | None = None
         self.gangs_started = 0
@@ -151,7 +155,7 @@ class RayExecutor(Executor):
             self.kept[trial_id] = slot.gang.state()
         if slot.healthy:
             self._request(trial_id, save)
-            if self.requested.get(trial_id):  # tracked like a step: `wait` reports these saves once written
+            if self.saves.owes(trial_id):  # tracked like a step: `wait` reports these saves once written
                 self._finish(trial_id, slot, save)
             self.idle.append(slot)
         else:
@@ -169,22 +173,14 @@ class RayExecutor(Executor):
         if save is not None:
             if self.checkpoints is None:
                 raise RuntimeError("a save was requested from an executor opened without checkpoint storage")
-            self.requested.setdefault(trial_id, []).append(save)
-
-    def _reported(self, saved: list[Checkpoint]) -> tuple[Checkpoint, ...]:
-        for checkpoint in saved:
-            steps = self.requested.get(checkpoint.trial_id, [])
-            if checkpoint.step in steps:
-                steps.remove(checkpoint.step)
-        return tuple(saved)
+            self.saves.request(trial_id, save)
 
     def _lose_saves(self, trial_id: int, reason: str, slot: _Slot) -> None:
         """Report the trial's unconfirmed saves as failed (their worker is gone; a manifest may still exist)."""
-        steps = self.requested.pop(trial_id, [])
-        if steps:
+        lost = self.saves.lose(trial_id, reason)
+        if lost:
             now = self.now()
-            self.lost.append(StepEvent(trial_id, None, None, now, now, slot.node, slot.pid,
-                                       tuple(Checkpoint(trial_id, step, None, reason) for step in steps)))
+            self.lost.append(StepEvent(trial_id, None, None, now, now, slot.node, slot.pid, lost))
 
     def _track(self, trial_id: int, slot: _Slot, refs: list[ray.ObjectRef]) -> None:
         self.inflight[refs[0]] = _Call(trial_id, refs, self.now(), slot)
@@ -213,13 +209,16 @@ class RayExecutor(Executor):
         call = self.inflight.pop(ref)
         slot = call.slot
         slot.finishing -= call.saves_only
-        metrics, error, saved = None, None, []
+        metrics: dict[str, Any] | None = None
+        error: str | None = None
+        saved: Sequence[Checkpoint] = ()
         try:
-            value = ray.get(call.refs)[0]
+            value = ray.get(call.refs)[0]  # rank 0's
             if call.saves_only:
-                saved = value
+                saved = value  # the checkpoints `finish` returned
             else:
-                metrics, saved = value, value.pop(SAVED, [])
+                outcome: StepOutcome = value
+                metrics, saved = outcome.metrics, outcome.saved
         except Exception as exc:  # the trainer raised, or an actor/node died
             saved = list(getattr(getattr(exc, "cause", None), "saved", []))
             if call.saves_only:
@@ -235,7 +234,7 @@ class RayExecutor(Executor):
                 pass
             slot.info = None
         return StepEvent(call.trial_id, metrics, error, call.start, self.now(), slot.node, slot.pid,
-                         self._reported(saved))
+                         self.saves.report(saved))
 
 
 def _ship_by_value(trainer: type) -> None:

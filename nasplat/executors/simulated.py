@@ -5,9 +5,10 @@ from __future__ import annotations
 import heapq
 from typing import Any
 
-from nasplat.executors.base import Checkpoint, StepEvent
+from nasplat.executors.base import StepEvent
 from nasplat.executors.local import LocalExecutor
 from nasplat.storage import Storage
+from nasplat.storage.checkpoints import Checkpoint
 
 
 class SimulatedExecutor(LocalExecutor):

@@ -12,14 +12,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-from nasplat.integrations import require, row_metrics
-from nasplat.results import flat_config
+from nasplat.core.rows import Status
+from nasplat.core.trees import flatten
+from nasplat.engine.listener import Listener
+from nasplat.integrations.extras import require, row_metrics
 
 BEST_TAG = "nasplat.best"
 QUIET = "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"  # read by MLflow when a run ends
 
 
-class MLflowLogger:
+class MLflowLogger(Listener):
     """An engine listener logging the experiment to the MLflow tracking server at `tracking_uri`.
 
     `tracking_uri`: the server (`http://127.0.0.1:5000`), a local store (`sqlite:///mlflow.db`), or None for
@@ -74,10 +76,10 @@ class MLflowLogger:
         stamp = int(time.time() * 1000)
         metrics = [Metric(key, value, stamp, row["step"]) for key, value in row_metrics(row).items()]
         self._client.log_batch(run_id, metrics=metrics)
-        if row["status"] != "running":
+        if row["status"] != Status.RUNNING:
             self._client.set_tag(run_id, "nasplat.status", row["status"])
             self._client.set_tag(run_id, "nasplat.final_config", json.dumps(row["config"], default=repr))
-            self._terminate(run_id, "FAILED" if row["status"] == "failed" else "FINISHED")
+            self._terminate(run_id, "FAILED" if row["status"] == Status.FAILED else "FINISHED")
             self._open.discard(trial)
 
     def on_end(self, engine: Any) -> None:
@@ -107,7 +109,7 @@ class MLflowLogger:
         if row.get("parent_id") is not None:
             tags["nasplat.parent_trial_id"] = str(row["parent_id"])
         run = self._client.create_run(self.experiment_id, run_name=f"trial-{trial}", tags=tags)
-        self._log_params(run.info.run_id, flat_config(row["config"], ""))
+        self._log_params(run.info.run_id, flatten(row["config"]))
         self.runs[trial] = run.info.run_id
         self._open.add(trial)
         return run.info.run_id

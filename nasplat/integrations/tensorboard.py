@@ -11,13 +11,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from nasplat.integrations import require, row_metrics
-from nasplat.results import flat_config
+from nasplat.core.rows import Status
+from nasplat.core.trees import flatten
+from nasplat.engine.listener import Listener
+from nasplat.integrations.extras import require, row_metrics
 
 TB_FOLDER = "tensorboard"
 
 
-class TensorBoardLogger:
+class TensorBoardLogger(Listener):
     """An engine listener writing `<logdir>/trial-<id>/` event files (default logdir: `<experiment>/tensorboard`).
 
     Each trial's run holds one scalar per metric per step and, in the HParams plugin, the trial's config
@@ -55,8 +57,8 @@ class TensorBoardLogger:
         writer = self._writer(engine, row)
         for key, value in row_metrics(row).items():
             writer.add_scalar(key, value, global_step=row["step"])
-        if row["status"] != "running":
-            writer.file_writer.add_summary(_session_end(failed=row["status"] == "failed"))
+        if row["status"] != Status.RUNNING:
+            writer.file_writer.add_summary(_session_end(failed=row["status"] == Status.FAILED))
             writer.close()
             del self._writers[row["trial_id"]]
         else:
@@ -79,7 +81,7 @@ class TensorBoardLogger:
         if current is not None:
             current[1].close()
         writer = SummaryWriter(log_dir=str(self.root(engine) / f"trial-{trial}"), purge_step=row["step"])
-        _, session_start, _ = hparams({k: _hparam(v) for k, v in flat_config(row["config"], "").items()}, {})
+        _, session_start, _ = hparams({k: _hparam(v) for k, v in flatten(row["config"]).items()}, {})
         writer.file_writer.add_summary(session_start)
         self._writers[trial] = (attempt, writer)
         return writer

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import math
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 
 from nasplat.controllers.base import CONTINUE, PAUSE, STOP, Controller, Decision, Result, TrialSpec
-from nasplat.pareto import rank_order
-from nasplat.schedulers.base import Scheduler, check_int
+from nasplat.core.checks import check_choice, check_int
+from nasplat.core.pareto import rank_order
+from nasplat.schedulers.base import Scheduler
 
 TYPES = ("stop", "promote")
 
@@ -29,21 +30,21 @@ class ASHA(Scheduler):
     the brackets' numbers of rungs). Promotions look at the brackets in order.
 
     Several objectives or constraints (the wrapped controller's): a rung's results are ranked as NSGA-II ranks
-    them (`nasplat.pareto.rank_order`: feasible first, by non-dominated front, then crowding distance), as in
+    them (`nasplat.core.pareto.rank_order`: feasible first, by non-dominated front, then crowding distance), as in
     MO-ASHA (Schmucker et al., 2021). `promote` takes its top floor(n / reduction_factor) by that ranking; `stop`
     lets a trial go on if it ranks in the top ceil(n / reduction_factor) of the rung with it.
     """
 
+    multi_objective: ClassVar[bool] = True  # it can rank several objectives; `pareto` says whether this run does
+
     def __init__(self, controller: Controller, *, max_steps: int, grace_period: int = 1, reduction_factor: int = 3,
                  brackets: int = 1, type: Literal["stop", "promote"] = "stop") -> None:
         super().__init__(controller)
-        self.max_steps = check_int("max_steps", max_steps, 1)
-        self.grace_period = check_int("grace_period", grace_period, 1)
-        self.reduction_factor = check_int("reduction_factor", reduction_factor, 2)
-        self.brackets = check_int("brackets", brackets, 1)
-        if type not in TYPES:
-            raise ValueError(f"`type` must be one of {list(TYPES)}, got {type=!r}")
-        self.type = type
+        self.max_steps = check_int("max_steps", max_steps, minimum=1)
+        self.grace_period = check_int("grace_period", grace_period, minimum=1)
+        self.reduction_factor = check_int("reduction_factor", reduction_factor, minimum=2)
+        self.brackets = check_int("brackets", brackets, minimum=1)
+        self.type = check_choice("type", type, TYPES)
         if self.grace_period > self.max_steps:
             raise ValueError(f"`grace_period` must be <= max_steps, got {grace_period=}, {max_steps=}")
         most = len(self._milestones(0)) + 1  # the last of them has no rung: it trains every trial to max_steps
@@ -57,7 +58,8 @@ class ASHA(Scheduler):
         self.bracket_of: dict[int, int] = {}
         self.reached: dict[int, int] = {}  # trial -> highest rung index reached (len(rungs): max_steps)
         self.paused: set[int] = set()
-        self.multi_objective = len(self.metrics) > 1 or bool(self.constraints)
+        # this run's fact: several objectives or constraints, so rungs rank by front and crowding (MO-ASHA)
+        self.pareto: bool = len(self.metrics) > 1 or bool(self.constraints)
 
     def _milestones(self, bracket: int) -> list[int]:
         steps, k = [], bracket
@@ -91,7 +93,7 @@ class ASHA(Scheduler):
             if result.step < rungs[k] or trial_id in recorded[k]:
                 continue
             self.reached[trial_id] = k
-            if self.type == "stop" and self.multi_objective:
+            if self.type == "stop" and self.pareto:
                 recorded[k][trial_id] = score
                 kept = math.ceil(len(recorded[k]) / self.reduction_factor)
                 return CONTINUE if self.ranked(recorded[k]).index(trial_id) < kept else STOP
@@ -108,14 +110,14 @@ class ASHA(Scheduler):
     def rung_score(self, result: Result) -> Any:
         """What a rung records: the maximised score; with several objectives or constraints, (maximised
         objectives, total violation), None where an objective is missing."""
-        if not self.multi_objective:
+        if not self.pareto:
             return self.score_or_worst(result)
-        scored = self.controller.objectives(result)
+        scored = self.objectives(result)
         return None if scored is None else (scored[0].tolist(), float(scored[1]))
 
     def ranked(self, rung: dict[int, Any]) -> list[int]:
         """The rung's trials, best first (of equal scores, the earlier first); results without a score last."""
-        if not self.multi_objective:
+        if not self.pareto:
             return sorted(rung, key=lambda t: -rung[t])
         scored = [t for t in rung if rung[t] is not None]
         points = np.array([rung[t][0] for t in scored], dtype=float).reshape(len(scored), len(self.metrics))

@@ -1,4 +1,4 @@
-"""A scheduler: a controller that wraps another one and decides, step by step, which trials train on."""
+"""A scheduler: a `Searcher` that wraps a search controller and decides, step by step, which trials train on."""
 
 from __future__ import annotations
 
@@ -8,12 +8,19 @@ from typing import Any
 
 import numpy as np
 
-from nasplat.controllers.base import CONTINUE, Continue, Controller, Decision, Result, TrialSpec
+from nasplat.controllers.base import CONTINUE, Continue, Controller, Decision, Result, Searcher, TrialSpec
+from nasplat.core.pareto import Constraint
+from nasplat.space import Space
+
+# The wrapped controller's fields a scheduler forwards; snapshots taken before schedulers forwarded them (when they
+# were copies) carry them too, and loading one leaves them to the controller.
+FORWARDED = ("space", "metric", "mode", "metrics", "modes", "constraints", "seed")
 
 
-class Scheduler(Controller):
-    """Wraps `controller`: `ask`, `parents` and the metric are the wrapped controller's; `on_result` first asks the
-    wrapped controller and, where it lets the trial go on, applies `decide` (the schedule: stop, pause, go on).
+class Scheduler(Searcher):
+    """Wraps `controller`: `ask`, `parents`, `snapshot_due` and the objectives (`metric`, `metrics`, `modes`,
+    `constraints`, and `space`, `seed`) are the wrapped controller's; `on_result` first asks the wrapped controller
+    and, where it lets the trial go on, applies `decide` (the schedule: stop, pause, go on).
 
     The wrapped controller is told each trial's result once, at the rung where the trial ended: when the engine
     ends it (completed, stopped, failed) or, for schedulers that pause (ASHA's `promote` type), when it first pauses
@@ -22,24 +29,57 @@ class Scheduler(Controller):
     """
 
     def __init__(self, controller: Controller) -> None:
-        if not isinstance(controller, Controller):
-            raise TypeError(f"a scheduler wraps a Controller, got {controller!r}")
         if isinstance(controller, Scheduler):
             raise ValueError(f"a scheduler wraps a search controller, not another scheduler; got "
                              f"{type(controller).__name__}")
-        if getattr(controller, "min_concurrency", 1) > 1:
+        if not isinstance(controller, Controller):
+            raise TypeError(f"a scheduler wraps a Controller, got {controller!r}")
+        if controller.min_concurrency > 1:
             raise ValueError(f"{type(controller).__name__} trains its population side by side and decides itself when "
                              "members stop; it cannot be wrapped by a scheduler")
         self.controller = controller
-        self.space, self.metric, self.mode, self.seed = controller.space, controller.metric, controller.mode, \
-            controller.seed
-        # the objectives and constraints are the wrapped controller's
-        self.metrics, self.modes, self.constraints = controller.metrics, controller.modes, controller.constraints
         self.rng = np.random.default_rng([controller.seed, 0x5C4E])  # the scheduler's own stream (brackets)
         self.told: set[int] = set()
 
+    # -- the wrapped controller's objectives -----------------------------------------------------------
+    @property
+    def space(self) -> Space:
+        """The wrapped controller's space."""
+        return self.controller.space
+
+    @property
+    def metric(self) -> str:
+        """The wrapped controller's first objective."""
+        return self.controller.metric
+
+    @property
+    def mode(self) -> str:
+        """The mode of the wrapped controller's first objective."""
+        return self.controller.mode
+
+    @property
+    def metrics(self) -> tuple[str, ...]:
+        """The wrapped controller's objectives."""
+        return self.controller.metrics
+
+    @property
+    def modes(self) -> tuple[str, ...]:
+        """The wrapped controller's modes, one per objective."""
+        return self.controller.modes
+
+    @property
+    def constraints(self) -> tuple[Constraint, ...]:
+        """The wrapped controller's constraints."""
+        return self.controller.constraints
+
+    @property
+    def seed(self) -> int:
+        """The wrapped controller's seed (the scheduler's own stream is drawn from it)."""
+        return self.controller.seed
+
     # -- forwarded to the wrapped controller ---------------------------------------------------------
     def ask(self) -> TrialSpec | None:
+        """The wrapped controller's next trial, which `on_ask` then places in the schedule."""
         spec = self.controller.ask()
         if spec is not None:
             self.on_ask(spec)
@@ -49,6 +89,7 @@ class Scheduler(Controller):
         """A new trial starts (assign it a bracket, say). The default: nothing."""
 
     def tell(self, trial_id: int, result: Result) -> None:
+        """A trial ended: the wrapped controller learns its result, unless it learnt it when the trial paused."""
         self.tell_now(trial_id, result)
 
     def tell_now(self, trial_id: int, result: Result) -> None:
@@ -58,17 +99,21 @@ class Scheduler(Controller):
             self.controller.tell(trial_id, result)
 
     def parents(self) -> set[int] | None:
+        """The wrapped controller's parents."""
         return self.controller.parents()
 
     def snapshot_due(self, trial_id: int, step: int) -> bool:
+        """Whether the wrapped controller wants the trial's state as of `step`."""
         return self.controller.snapshot_due(trial_id, step)
 
     def on_result(self, trial_id: int, result: Result) -> Decision:
+        """The wrapped controller's decision where it is not to go on, else the schedule's (`decide`)."""
         decision = self.controller.on_result(trial_id, result)
         if not isinstance(decision, Continue):
             return decision
         return self.decide(trial_id, result)
 
+    # -- the schedule ---------------------------------------------------------------------------------
     def decide(self, trial_id: int, result: Result) -> Decision:
         """The schedule's decision for an intermediate report; the default lets the trial go on."""
         return CONTINUE
@@ -77,6 +122,14 @@ class Scheduler(Controller):
         """The schedule as plain data for `meta.json` and the report (rung steps, reduction factor)."""
         return {"scheduler": type(self).__name__}
 
+    def score(self, result: Result) -> float | None:
+        """The wrapped controller's maximised score of `result` (`Controller.score`)."""
+        return self.controller.score(result)
+
+    def objectives(self, result: Result) -> tuple[np.ndarray, float] | None:
+        """The wrapped controller's maximised objectives and total violation of `result` (`Controller.objectives`)."""
+        return self.controller.objectives(result)
+
     def score_or_worst(self, result: Result) -> float:
         """The maximised score of `result`; a result without a finite metric ranks below every other."""
         score = self.score(result)
@@ -84,20 +137,17 @@ class Scheduler(Controller):
 
     # -- persistence: the scheduler's fields and the wrapped controller's state -------------------------
     def state_dict(self) -> dict[str, Any]:
-        state = {k: copy.deepcopy(v) for k, v in self.__dict__.items()
-                 if k not in ("space", "rng", "controller")}
+        """The scheduler's own fields (one deep copy), its stream's state, and the wrapped controller's state."""
+        state = copy.deepcopy({k: v for k, v in self.__dict__.items() if k not in ("rng", "controller")})
         state["rng"] = copy.deepcopy(self.rng.bit_generator.state)
         state["controller"] = self.controller.state_dict()
         return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        state = dict(state)
+        """Continue from `state`: the wrapped controller from its part, the scheduler from the rest."""
+        state = copy.deepcopy(dict(state))
         self.controller.load_state_dict(state.pop("controller"))
-        super().load_state_dict(state)
-
-
-def check_int(name: str, value: Any, low: int) -> int:
-    """`value` if it is an integer >= `low`, else a ValueError naming `name`."""
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
-        raise ValueError(f"`{name}` must be an integer >= {low}, got {name}={value!r}")
-    return int(value)
+        self.rng.bit_generator.state = state.pop("rng")
+        for key, value in state.items():
+            if key not in FORWARDED and key != "multi_objective":  # older snapshots: copies, and ASHA's run fact
+                setattr(self, key, value)

@@ -6,8 +6,8 @@ import math
 from typing import Literal
 
 from nasplat.controllers.base import Controller
+from nasplat.core.checks import check_int
 from nasplat.schedulers.asha import ASHA
-from nasplat.schedulers.base import check_int
 
 
 class Hyperband(ASHA):
@@ -20,9 +20,9 @@ class Hyperband(ASHA):
 
     def __init__(self, controller: Controller, *, max_steps: int, grace_period: int = 1, reduction_factor: int = 3,
                  type: Literal["stop", "promote"] = "stop") -> None:
-        max_steps = check_int("max_steps", max_steps, 1)
-        grace_period = check_int("grace_period", grace_period, 1)
-        reduction_factor = check_int("reduction_factor", reduction_factor, 2)
+        max_steps = check_int("max_steps", max_steps, minimum=1)
+        grace_period = check_int("grace_period", grace_period, minimum=1)
+        reduction_factor = check_int("reduction_factor", reduction_factor, minimum=2)
         if grace_period > max_steps:
             raise ValueError(f"`grace_period` must be <= max_steps, got {grace_period=}, {max_steps=}")
         s_max = 0

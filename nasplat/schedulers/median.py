@@ -8,7 +8,8 @@ from typing import Any
 import numpy as np
 
 from nasplat.controllers.base import CONTINUE, STOP, Controller, Decision, Result
-from nasplat.schedulers.base import Scheduler, check_int
+from nasplat.core.checks import check_int
+from nasplat.schedulers.base import Scheduler
 
 
 class MedianStopping(Scheduler):
@@ -19,8 +20,8 @@ class MedianStopping(Scheduler):
 
     def __init__(self, controller: Controller, *, grace_period: int = 1, min_samples: int = 3) -> None:
         super().__init__(controller)
-        self.grace_period = check_int("grace_period", grace_period, 1)
-        self.min_samples = check_int("min_samples", min_samples, 1)
+        self.grace_period = check_int("grace_period", grace_period, minimum=1)
+        self.min_samples = check_int("min_samples", min_samples, minimum=1)
         self.steps: dict[int, list[int]] = {}  # trial -> its reported steps, ascending
         self.sums: dict[int, list[float]] = {}  # trial -> running sums of its scores
         self.best: dict[int, list[float]] = {}  # trial -> best score so far, per report

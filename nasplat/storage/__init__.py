@@ -10,7 +10,7 @@ An experiment folder holds
   Rows and journal together are the experiment's state: `nasplat resume` rebuilds the controller by replaying
   them, so writing the state costs the same at trial 10 and at trial 100,000;
 - `lock`, held with `flock` by the driver that runs the experiment;
-- `checkpoints/trial-<id>/step-<k>/` (trainer states, see `nasplat.checkpoint`).
+- `checkpoints/trial-<id>/step-<k>/` (trainer states, see `nasplat.storage.checkpoints`).
 
 `storage` may be a local folder or a URI that `pyarrow.fs` opens (`s3://bucket/prefix`, `gs://...`,
 `file://...`). With a URI the driver works on a local copy of the folder and uploads what grew (as parts named by
@@ -18,15 +18,32 @@ their first byte, so an upload never repeats earlier bytes); `Storage.download` 
 """
 
 from nasplat.storage.files import (
-    APPEND_ONLY, CHECKPOINTS, JOURNAL_FILE, LOCK_FILE, META_FILE, ROWS_FILE, SPEC_JSON, SPEC_PICKLE, WHOLE_FILES,
-    FolderInUse, FolderLock, RowLog, fsync_dir, is_uri, json_default, local_copy, read_json, read_rows, scratch_folder,
+    APPEND_ONLY,
+    CHECKPOINTS,
+    JOURNAL_FILE,
+    LOCK_FILE,
+    META_FILE,
+    ROWS_FILE,
+    SPEC_JSON,
+    SPEC_PICKLE,
+    WHOLE_FILES,
+    FolderInUse,
+    FolderLock,
+    RowLog,
+    fsync_dir,
+    is_uri,
+    json_default,
+    local_copy,
+    read_json,
+    read_rows,
+    scratch_folder,
     write_atomic,
 )
-from nasplat.storage.folder import ExperimentFolder
+from nasplat.storage.folder import ExperimentFolder, read_spec
 from nasplat.storage.remote import Storage
 
 __all__ = [
     "APPEND_ONLY", "CHECKPOINTS", "JOURNAL_FILE", "LOCK_FILE", "META_FILE", "ROWS_FILE", "SPEC_JSON", "SPEC_PICKLE",
     "WHOLE_FILES", "ExperimentFolder", "FolderInUse", "FolderLock", "RowLog", "Storage", "fsync_dir", "is_uri",
-    "json_default", "local_copy", "read_json", "read_rows", "scratch_folder", "write_atomic",
+    "json_default", "local_copy", "read_json", "read_rows", "read_spec", "scratch_folder", "write_atomic",
 ]

@@ -9,8 +9,8 @@ import socket
 import tempfile
 import time
 import uuid
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, BinaryIO
 
 ROWS_FILE, JOURNAL_FILE, META_FILE, LOCK_FILE = "results.jsonl", "journal.jsonl", "meta.json", "lock"

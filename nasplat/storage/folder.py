@@ -2,12 +2,25 @@
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Any
 
+import cloudpickle
+
 from nasplat.storage.files import (
-    CHECKPOINTS, JOURNAL_FILE, ROWS_FILE, FolderLock, RowLog, is_uri, local_copy, read_rows, write_atomic,
+    CHECKPOINTS,
+    JOURNAL_FILE,
+    ROWS_FILE,
+    SPEC_JSON,
+    SPEC_PICKLE,
+    FolderLock,
+    RowLog,
+    is_uri,
+    local_copy,
+    read_rows,
+    write_atomic,
 )
 from nasplat.storage.remote import Storage
 
@@ -129,3 +142,19 @@ class ExperimentFolder:
                     log.close()
             self.rows = self.journal = None
             self.lock.release()
+
+
+def read_spec(path: Path) -> dict[str, Any]:
+    """The experiment as `nasplat.run` got it: plain JSON, or (for live objects handed to the Python API) a pickle,
+    which runs code when loaded: resume only folders you trust."""
+    if (path / SPEC_JSON).exists():
+        try:
+            return json.loads((path / SPEC_JSON).read_text(encoding="utf-8"))
+        except ValueError as exc:
+            raise ValueError(f"{path / SPEC_JSON}: cannot read it as JSON ({exc})") from None
+    if (path / SPEC_PICKLE).exists():
+        try:
+            return cloudpickle.loads((path / SPEC_PICKLE).read_bytes())
+        except Exception as exc:
+            raise ValueError(f"{path / SPEC_PICKLE}: cannot load it ({type(exc).__name__}: {exc})") from None
+    raise FileNotFoundError(f"{path} is not a nasplat experiment folder (no {SPEC_JSON} or {SPEC_PICKLE})")

@@ -1,0 +1,262 @@
+"""The one loop every executor shares: ask the controller, dispatch, gather, decide, record.
+
+Rows and journal entries go out through `nasplat.engine.outbox` in the order the controller saw them, each row after its
+checkpoint, so that `nasplat resume` rebuilds the controller exactly by replaying them (`nasplat.engine.replay`). What
+the engine knows and decides without an executor is `nasplat.engine.state.EngineState`, which `Engine` extends.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import numpy as np
+
+from nasplat.controllers.base import Exploit, Result, Searcher
+from nasplat.core.checks import check_int
+from nasplat.core.rows import Status
+from nasplat.engine import console
+from nasplat.engine.checkpoints import CheckpointBook
+from nasplat.engine.listener import notify
+from nasplat.engine.records import Budget, ExperimentFailed, TrialRecord
+from nasplat.engine.result import ExperimentResult
+from nasplat.engine.state import EngineState
+from nasplat.engine.step_metrics import MetricError, clean_metrics
+from nasplat.executors.base import Executor, StepEvent
+from nasplat.storage import ExperimentFolder
+from nasplat.storage.checkpoints import Checkpoint, CheckpointPolicy
+
+
+class Engine(EngineState):
+    """Keeps `executor.concurrency` trials running until the budget is spent and every trial has ended."""
+
+    def __init__(self, *, controller: Searcher, executor: Executor, trainer: type, budget: Budget,
+                 name: str = "experiment", seed: int = 0, max_failures: int = 0, max_failed_trials: int | None = 10,
+                 folder: ExperimentFolder | None = None, checkpoint: CheckpointPolicy | None = None,
+                 progress: bool = False) -> None:
+        check_int("max_failures", max_failures, minimum=0)
+        check_int("max_failed_trials", max_failed_trials, minimum=0, optional=True)
+        if checkpoint is not None and folder is None:
+            raise ValueError("checkpoints need `storage`: set `storage` or drop `checkpoint`")
+        super().__init__(controller, budget, max_failed_trials=max_failed_trials, folder=folder)
+        self.executor, self.trainer = executor, trainer
+        self.name, self.seed, self.max_failures = name, seed, max_failures
+        self.policy, self.progress = checkpoint, progress
+        self.book = CheckpointBook(checkpoint)  # which checkpoints go, and when
+        self.printer = console.ProgressPrinter()  # the progress line, at most once a second
+        # `nasplat.engine.listener.Listener`s, or objects with some of its hooks: dashboard metrics,
+        # TensorBoard, MLflow
+        self.listeners: list[Any] = []
+
+    # -- the loop --------------------------------------------------------------------------------
+    def run(self) -> ExperimentResult:
+        """Run to the end of the budget; raises `ExperimentFailed` once more than `max_failed_trials` failed."""
+        try:
+            self.executor.open(self.trainer, self.name, self.folder.checkpoints if self.folder is not None else None)
+            needed = self.controller.min_concurrency
+            if self.executor.concurrency < needed:
+                raise ValueError(f"{type(self.controller).__name__} needs its {needed} members training side by side, "
+                                 f"got concurrency={self.executor.concurrency}; raise concurrency to >= {needed}")
+            if needed > 1:
+                self.executor.reserve(needed)
+            if self.progress and self.folder is not None:
+                print(f"[nasplat {self.name}] results in {self.folder.location} · live view: nasplat serve "
+                      f"{self.folder.path}", file=sys.stderr, flush=True)
+            notify(self.listeners, "on_start", self)
+            for record in self.running():
+                self._launch(record)
+            while True:
+                if not self.failed_out():
+                    self._fill()
+                if not self.active and not self.outbox.waiting:
+                    break
+                if self.failed_out() and self.active:
+                    for trial_id in list(self.active):  # left running: `nasplat resume` may continue them
+                        self.executor.stop(trial_id)
+                        self.active.discard(trial_id)
+                    continue
+                for event in self.executor.wait():
+                    self._handle(event)
+                if self.folder is not None and self.folder.sync():
+                    self.book.delete_superseded()
+        finally:
+            self._close()
+        if self.failed_out():
+            raise ExperimentFailed(self.failure_summary())
+        return self.result()
+
+    def _close(self) -> None:
+        """Flush what may go out, release the folder and the executor, tell the listeners; each part runs even if
+        an earlier one fails."""
+        try:
+            self.outbox.forget()
+            self._print_progress(final=True)
+        finally:
+            try:
+                if self.folder is not None:
+                    self.folder.close()
+                    self.book.delete_superseded()
+            finally:
+                try:
+                    self.executor.close()
+                finally:
+                    notify(self.listeners, "on_end", self)
+
+    def now(self) -> float:
+        """The experiment's clock: seconds on the executor's clock, plus those of the runs before a resume."""
+        return self.clock_offset + self.executor.now()
+
+    def time_left(self) -> bool:
+        """Whether the time budget (if any) is not spent yet."""
+        return self.budget.time_s is None or self.now() < self.budget.time_s
+
+    def budget_left(self) -> bool:
+        """Whether a new trial may start (a paused one may be resumed as long as there is time left)."""
+        if self.budget.max_trials is not None and len(self.trials) >= self.budget.max_trials:
+            return False
+        return self.time_left()
+
+    def _fill(self) -> None:
+        while len(self.active) < self.executor.concurrency:
+            promoted = self.controller.promote() if self.time_left() else None
+            if promoted is not None:
+                record = self.resume_trial(promoted)
+                self.outbox.ask({"resume": promoted, "rows": None, "time": round(self.now(), 6)})
+                kept = self.executor.take_kept(promoted)
+                if kept is not None:
+                    record.restart = (kept, record.step)
+                self._launch(record)
+                continue
+            if not self.budget_left():
+                return
+            spec = self.controller.ask()
+            if spec is None:
+                return
+            record = self.add_trial(spec)
+            self.outbox.ask({"ask": spec.trial_id, "rows": None, "time": round(self.now(), 6)})
+            if spec.inherit_from is not None:
+                record.inherit = self.executor.kept_state(spec.inherit_from)
+            self._launch(record)
+
+    def _launch(self, record: TrialRecord) -> None:
+        """Start (or restart) the trial from the newest state it can reach: an in-memory state (an exploit's donor
+        state, a paused trial's own) or its latest durable checkpoint, whichever is further (memory on a tie); else
+        from scratch (or its parent's state)."""
+        state, inherit = None, False
+        memory, durable = record.restart, record.checkpoint
+        if durable is not None and (memory is None or durable.step > memory[1]):
+            state, record.step = durable, durable.step
+        elif memory is not None:
+            state, record.step = memory
+        else:
+            record.step = 0
+            state, inherit = record.inherit, record.inherit is not None
+        trial_seed = int(np.random.SeedSequence([self.seed, record.trial_id, record.attempt]).generate_state(1)[0])
+        self.executor.launch(record.trial_id, record.config, trial_seed, state, inherit=inherit)
+
+    # -- results ---------------------------------------------------------------------------------
+    def _handle(self, event: StepEvent) -> None:
+        for checkpoint in event.saved:
+            self._saved(checkpoint)
+        record = self.trials.get(event.trial_id)
+        if (event.metrics is None and event.error is None) or record is None or record.trial_id not in self.active:
+            self.outbox.flush()
+            return
+        if event.error is not None:
+            self._fail(record, event, event.error, retry=True)
+            return
+        try:
+            metrics = clean_metrics(event.metrics, self.objectives)
+        except MetricError as exc:
+            self._fail(record, event, str(exc), retry=False)
+            return
+        row = self._row(record, event, Status.RUNNING, record.step + 1, metrics)
+        status, decision = self.advance(record, metrics, record.step + 1)
+        exploit = isinstance(decision, Exploit) and status == Status.RUNNING
+        row["status"], row["donor_id"] = status, decision.donor_id if exploit else None
+        if (rung := self.controller.rung_of(record.trial_id)) is not None:
+            row["rung"] = rung
+        perturbation = status == Status.RUNNING and self.controller.snapshot_due(record.trial_id, record.step)
+        save = record.step if self.policy is not None and self.policy.due(
+            record.step, perturbation=perturbation, ending=status != Status.RUNNING) else None
+        if status == Status.PAUSED and self.folder is not None:
+            save = record.step  # a paused trial's state is kept durably always, in memory where it fits
+        self.outbox.row(row, wait=(record.trial_id, save) if save is not None else None)
+        if status == Status.PAUSED:
+            self.executor.stop(record.trial_id, keep_state=True, save=save)
+        elif status != Status.RUNNING:
+            self._release(record, save)
+        elif exploit:
+            donor = self.trials[decision.donor_id]
+            handle = self.executor.exploit(record.trial_id, decision.donor_id, decision.config, save=save,
+                                           fallback=donor.checkpoint)
+            record.restart = (handle, record.step)
+        else:
+            self.executor.step(record.trial_id, snapshot=perturbation, save=save)
+
+    def _fail(self, record: TrialRecord, event: StepEvent, error: str, *, retry: bool) -> None:
+        self.outbox.forget(record.trial_id)  # its attempt's unfinished checkpoints will never be reported
+        if retry and record.attempt < self.max_failures:
+            self.outbox.row(self._row(record, event, Status.RETRIED, record.step + 1, {}, error=error))
+            record.attempt += 1
+            if record.restart is not None and record.checkpoint is not None \
+                    and record.checkpoint.step >= record.restart[1]:
+                record.restart = None  # the in-memory state may be what was lost (its node died): take the durable one
+            self.executor.stop(record.trial_id)
+            self._launch(record)
+            return
+        self.outbox.row(self._row(record, event, Status.FAILED, record.step + 1, {}, error=error))
+        self.end(record, Status.FAILED, Result({}, record.step + 1, failed=True, error=error))
+        self._release(record, None)
+
+    def _release(self, record: TrialRecord, save: int | None) -> None:
+        """Stop an ended trial on the executor, keeping its state where the controller may want it as a parent."""
+        parents = self.controller.parents()
+        self.executor.stop(record.trial_id, keep_state=parents is not None and record.trial_id in parents, save=save)
+        if parents is not None:
+            self.executor.drop_states(parents | {t for t, r in self.trials.items() if r.status == Status.PAUSED})
+
+    def _row(self, record: TrialRecord, event: StepEvent, status: Status, step: int, metrics: dict[str, Any], *,
+             error: str | None = None) -> dict[str, Any]:
+        row: dict[str, Any] = {
+            "trial_id": record.trial_id, "step": step, "attempt": record.attempt, "status": status,
+            "config": record.config, "parent_id": record.parent_id, "donor_id": None,
+            "start": self.clock_offset + event.start, "end": self.clock_offset + event.end,
+            "node": event.node, "pid": event.pid, "error": error,
+        }
+        row.update(metrics)
+        return row
+
+    # -- recording and checkpoints -------------------------------------------------------------------
+    def _recorded(self, row: dict[str, Any]) -> None:
+        """A row went out: its checkpoint's predecessor may go once synced; note the best, tell the listeners."""
+        self.book.recorded(row)
+        super()._recorded(row)
+        notify(self.listeners, "on_row", self, row)
+        self._print_progress()
+
+    def _saved(self, checkpoint: Checkpoint) -> None:
+        """A requested checkpoint is durable (or failed): its row may go out, the trial's older one goes."""
+        self.outbox.saved((checkpoint.trial_id, checkpoint.step), checkpoint.uri)
+        if checkpoint.uri is None:
+            if not (checkpoint.error or "").startswith("superseded"):  # a newer one of the trial took its turn
+                print(f"[nasplat {self.name}] checkpoint of trial {checkpoint.trial_id} at step {checkpoint.step} "
+                      f"failed: {console.last_line(checkpoint.error or '')}", file=sys.stderr, flush=True)
+            return
+        record = self.trials.get(checkpoint.trial_id)
+        if record is None:
+            return
+        previous, record.checkpoint = record.checkpoint, checkpoint
+        self.book.replaced(previous, checkpoint)  # deleted once a synced row names its successor
+        if self.policy is not None and record.status in (Status.COMPLETED, Status.STOPPED):
+            self.book.prune(self.trials, self.controller.metric, self.controller.mode)
+
+    # -- console ---------------------------------------------------------------------------------
+    def progress_line(self) -> str:
+        """The console line: trials done, running, paused and failed, the best so far, the clock."""
+        return console.progress_line(self.name, self.status_counts(), self.best_row, self.controller.metric,
+                                     self.now())
+
+    def _print_progress(self, final: bool = False) -> None:
+        if self.progress:
+            self.printer.print(self.progress_line, final)

@@ -1,0 +1,159 @@
+"""The results store (one JSON line per trial step) and the experiment's result object."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from nasplat.core import pareto
+from nasplat.core.pareto import better
+from nasplat.core.rows import RESERVED, Status
+from nasplat.core.trees import flatten
+from nasplat.storage import CHECKPOINTS, META_FILE, ROWS_FILE, Storage, is_uri, local_copy, read_json, read_rows
+from nasplat.storage.checkpoints import MANIFEST_FILE, Checkpoint, checkpoint_name, load_checkpoint
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+
+
+@dataclass
+class ExperimentResult:
+    """The rows of a finished (or loaded) experiment, and its best trial by `metric`."""
+
+    rows: list[dict[str, Any]]
+    metric: str
+    mode: Literal["max", "min"] = "max"
+    path: Path | None = None
+    trials: dict[int, Any] = field(default_factory=dict)
+    metrics: tuple[str, ...] = ()  # every objective, `metric` first (default: `metric` alone)
+    modes: tuple[str, ...] = ()  # one per objective (default: `mode`)
+    constraints: tuple[pareto.Constraint, ...] = ()
+
+    def __post_init__(self) -> None:
+        self.metrics = tuple(self.metrics) or ((self.metric,) if self.metric else ())
+        self.modes = tuple(self.modes) or (self.mode,) * len(self.metrics)
+        self.constraints = pareto.parse_constraints(self.constraints)
+
+    @classmethod
+    def load(cls, folder: str | Path) -> ExperimentResult:
+        """Read an experiment folder written by `nasplat.run(storage=...)`."""
+        if is_uri(folder):
+            Storage(folder).download(local := local_copy(str(folder)))
+            folder = local
+        folder = Path(folder)
+        if not (folder / ROWS_FILE).exists():
+            raise FileNotFoundError(f"{folder} is not an experiment folder: no {ROWS_FILE} in it")
+        meta = read_json(folder / META_FILE) if (folder / META_FILE).exists() else {}
+        metrics, modes = meta.get("metric", ""), meta.get("mode", "max")  # lists for several objectives
+        metrics, modes = (metrics, modes) if isinstance(metrics, list) else ([metrics] if metrics else [], [modes])
+        return cls(read_rows(folder / ROWS_FILE), metrics[0] if metrics else "", modes[0], folder,
+                   metrics=tuple(metrics), modes=tuple(modes), constraints=meta.get("constraints"))
+
+    def pareto_front(self) -> list[dict[str, Any]]:
+        """Each trial's latest successful row on the Pareto front of `metrics`, best first by `metric`: the
+        non-dominated rows that satisfy every constraint, or if none does, those that break them least."""
+        return pareto.front_rows(self.rows, self.metrics, self.modes, self.constraints)
+
+    def hypervolume(self, reference_point: list[float]) -> float:
+        """The hypervolume that the feasible trials dominate, in metric units, up to `reference_point` (one
+        value per metric, worse than every front member: below it for `max`, above it for `min`)."""
+        return pareto.rows_hypervolume(self.rows, self.metrics, self.modes, reference_point, self.constraints)
+
+    def dataframe(self, *, flatten_config: bool = False) -> pd.DataFrame:
+        """One row per trial step: trial id, step, status, config, metrics, parent/donor id, times, node, pid.
+
+        `flatten_config=True` replaces the `config` column by one column per decision, `config.<path>`
+        (`config.depth.n`, ...); a decision absent from a row's config (a branch not taken) is missing (NaN) there.
+        """
+        import pandas as pd  # imported here: trial workers never pay for it
+
+        frame = pd.DataFrame(self.rows)
+        for column in RESERVED:
+            if column not in frame:
+                frame[column] = None
+        if flatten_config:
+            configs = pd.DataFrame([flatten(c, "config.") for c in frame["config"]], index=frame.index)
+            at = frame.columns.get_loc("config")
+            frame = pd.concat([frame.iloc[:, :at], configs, frame.iloc[:, at + 1:]], axis=1)
+        return frame
+
+    def ranked(self) -> list[dict[str, Any]]:
+        """The best row of each trial by `metric`, best trial first (failed rows and missing metrics left out);
+        with constraints, trials that break them come last, by total violation."""
+        best: dict[int, dict[str, Any]] = {}
+        for row in self.rows:
+            value = row.get(self.metric)
+            if row.get("status") in (Status.FAILED, Status.RETRIED) or not isinstance(value, (int, float)) \
+                    or not math.isfinite(value):
+                continue
+            current = best.get(row["trial_id"])
+            if current is None or better(value, current[self.metric], self.mode):
+                best[row["trial_id"]] = row
+        sign = -1 if self.mode == "max" else 1
+        return sorted(best.values(), key=lambda r: (pareto.total_violation(self.constraints, r), sign * r[self.metric],
+                                                    r["trial_id"]))
+
+    @property
+    def best(self) -> dict[str, Any] | None:
+        """The row with the best `metric` over every trial step (constraint breakers last), or None if nothing
+        succeeded."""
+        ranked = self.ranked()
+        return ranked[0] if ranked else None
+
+    @property
+    def checkpoint(self) -> Checkpoint | None:
+        """The best trial's latest checkpoint still in storage (what `load_state()` loads), or None."""
+        try:
+            return self.find_checkpoint()
+        except LookupError:
+            return None
+
+    def find_checkpoint(self, trial_id: int | None = None, step: int | None = None) -> Checkpoint:
+        """The latest checkpoint of trial `trial_id` (default: the best trial) at or before `step` (default: any)
+        that is still in storage; raises `LookupError` naming what was looked for if there is none."""
+        if trial_id is None:
+            if self.best is None:
+                raise LookupError("no trial reported a finite metric, so there is no best trial to load")
+            trial_id = self.best["trial_id"]
+        recorded = sorted({(row["step"], row["checkpoint"]) for row in self.rows if row.get("trial_id") == trial_id
+                           and row.get("checkpoint") and (step is None or row["step"] <= step)}, reverse=True)
+        for found_step, uri in recorded:
+            for location in self._locations(trial_id, found_step, uri):
+                if _complete(location):
+                    return Checkpoint(trial_id, found_step, location)
+        where = f"at or before step {step}" if step is not None else "at any step"
+        raise LookupError(f"trial {trial_id} has no checkpoint {where} in storage (rows name "
+                          f"{len(recorded)}; the rest were never written or deleted by `keep_best`); run with "
+                          "`checkpoint:` set to keep trained states")
+
+    def _locations(self, trial_id: int, step: int, uri: str) -> list[str]:
+        """Where a recorded checkpoint may be: as recorded, or beside this copy of the folder (moved, downloaded)."""
+        beside = [str(self.path / CHECKPOINTS / checkpoint_name(trial_id, step))] if self.path is not None else []
+        return [uri, *[b for b in beside if b != uri]]
+
+    def load_state(self, trial_id: int | None = None, step: int | None = None) -> Any:
+        """The trainer state (`state_dict`) of trial `trial_id` (default: the best) from its latest checkpoint at
+        or before `step` (default: its latest)."""
+        return load_checkpoint(self.find_checkpoint(trial_id, step).uri)
+
+    def final_status(self) -> dict[int, str]:
+        """Each trial's status after its latest row."""
+        return {row["trial_id"]: row.get("status", Status.RUNNING) for row in self.rows}
+
+    def counts(self) -> dict[str, int]:
+        """Trials per final status."""
+        out: dict[str, int] = {}
+        for status in self.final_status().values():
+            out[status] = out.get(status, 0) + 1
+        return out
+
+
+def _complete(location: str) -> bool:
+    """Whether a complete checkpoint lies at `location` (an unreachable one counts as absent)."""
+    try:
+        return Storage(location).exists(MANIFEST_FILE)
+    except (OSError, ValueError):
+        return False

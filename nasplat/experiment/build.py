@@ -1,0 +1,120 @@
+"""A checked `ExperimentSpec` turned into what the engine runs: `BuiltExperiment`. The trainer's module is imported
+here, once; the controller, scheduler, executor and callbacks are made from their registries' names."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from nasplat.controllers import CONTROLLERS, Controller, check_controller_options
+from nasplat.controllers.base import Searcher
+from nasplat.engine.records import Budget
+from nasplat.executors import EXECUTORS
+from nasplat.executors.base import Executor
+from nasplat.experiment.spec import ExperimentSpec
+from nasplat.integrations import make_callbacks
+from nasplat.schedulers import make_scheduler
+from nasplat.space import Space
+from nasplat.storage.checkpoints import CheckpointPolicy
+from nasplat.trainer import Trainer, check_trainer, resolve
+
+
+@dataclass(frozen=True)
+class BuiltExperiment:
+    """Everything the engine needs, made from `spec`: the trainer class, the controller (a scheduler around it if
+    one was asked for), the experiment's name, its budget, checkpoint policy, executor and listeners."""
+
+    spec: ExperimentSpec
+    trainer: type[Trainer]
+    controller: Searcher
+    name: str
+    budget: Budget
+    policy: CheckpointPolicy | None
+    executor: Executor
+    callbacks: list[Any]
+
+    @property
+    def seed(self) -> int:
+        return self.spec.seed
+
+    @property
+    def max_failures(self) -> int:
+        return self.spec.max_failures
+
+    @property
+    def max_failed_trials(self) -> int | None:
+        return self.spec.max_failed_trials
+
+    @property
+    def ray_dashboard(self) -> bool:
+        """Whether the executor declares that it runs on Ray (`Executor.ray_dashboard`), so that the Ray dashboard
+        shows the experiment's gauges."""
+        return self.executor.ray_dashboard
+
+    @property
+    def executor_name(self) -> str:
+        """The executor as `meta.json` names it: its registry name, or the class name of a ready instance."""
+        return self.spec.executor if isinstance(self.spec.executor, str) else type(self.executor).__name__
+
+
+def build(spec: ExperimentSpec) -> BuiltExperiment:
+    """The experiment `spec` (checked by `ExperimentSpec.check`) made ready to run; nothing is started."""
+    trainer = check_trainer(resolve(spec.trainer, what="trainer"))
+    controller = spec.controller
+    if not isinstance(controller, Searcher):
+        cls = CONTROLLERS[controller] if isinstance(controller, str) else controller
+        controller = _new_controller(cls, spec.space, metric=spec.metric, mode=spec.mode, seed=spec.seed,
+                                     options=spec.controller_options, constraints=spec.constraints)
+    if spec.scheduler is not None:  # a scheduler wraps the controller and is the controller to the engine
+        controller = make_scheduler(spec.scheduler, controller, max_steps=spec.max_steps)
+    name = spec.name or f"{type(controller).__name__.lower()}-{time.strftime('%Y%m%d-%H%M%S')}"
+    callbacks = _callbacks(spec.callbacks)
+    return BuiltExperiment(
+        spec=spec, trainer=trainer, controller=controller, name=name,
+        budget=Budget(spec.max_trials, spec.time_budget_s, spec.max_steps),
+        policy=CheckpointPolicy.from_options(spec.checkpoint),
+        executor=make_executor(spec.executor, concurrency=spec.concurrency, **spec.executor_options),
+        callbacks=callbacks)
+
+
+def make_controller(controller: str | type | Searcher, space: Any, *, metric: str | Sequence[str] | None,
+                    mode: str | Sequence[str], seed: int, options: Mapping[str, Any] | None = None,
+                    constraints: Any = None) -> Searcher:
+    """A controller from an instance, a class, or a name in `CONTROLLERS` plus keyword options (checked)."""
+    if isinstance(controller, Searcher):  # a ready controller (or scheduler)
+        if options:
+            raise ValueError(f"controller options {dict(options)!r} given with a ready controller instance")
+        return controller
+    cls = CONTROLLERS.lookup(controller) if isinstance(controller, str) else controller
+    if isinstance(cls, type) and issubclass(cls, Controller):
+        options = check_controller_options(cls, options)
+    return _new_controller(cls, space, metric=metric, mode=mode, seed=seed, options=options, constraints=constraints)
+
+
+def _new_controller(cls: Any, space: Any, *, metric: str | Sequence[str] | None, mode: str | Sequence[str],
+                    seed: int, options: Mapping[str, Any] | None, constraints: Any) -> Controller:
+    """`cls` called on the space (a `Space`, a mapping of domains, or its dotted path) with the experiment's
+    metric, mode, seed and constraints and the controller's `options`."""
+    if space is None or metric is None:
+        raise ValueError(f"`space` and `metric` are needed to build a controller, got space={space!r}, {metric=!r}")
+    space = resolve(space, what="space")
+    extra = {"constraints": constraints} if constraints is not None else {}
+    return cls(space if isinstance(space, Space) else Space(space), metric=metric, mode=mode, seed=seed,
+               **extra, **dict(options or {}))
+
+
+def make_executor(executor: str | Executor, *, concurrency: int | None, **options: Any) -> Executor:
+    """A ready instance as it is, or the executor of `EXECUTORS` called `executor` with `concurrency` trials at
+    once (None: the executor's default, 1 in process, what the Ray cluster holds on `ray`) and `options`."""
+    if isinstance(executor, Executor):
+        return executor
+    cls = EXECUTORS.lookup(executor)
+    return cls(**({"concurrency": concurrency} if concurrency is not None else {}), **options)
+
+
+def _callbacks(specs: Sequence[Any]) -> list[Any]:
+    """Listener objects as given; names and mappings (`"mlflow"`, `{"name": "mlflow", ...}`) built by the
+    integrations' registry, so that an experiment file's callbacks stay plain data."""
+    return [make_callbacks([c])[0] if isinstance(c, (str, Mapping)) else c for c in specs]

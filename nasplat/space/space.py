@@ -1,0 +1,433 @@
+"""Search spaces: dicts of named domains, nested and conditional, and the operations searches need.
+
+A space is a dict of named domains. A value that is a dict is a fixed sub-space; a `Choice` whose
+options are dicts is a conditional branch: the sub-domains of the chosen option exist only in it.
+A space may name rules that forbid configurations (`forbidden={"rule": predicate}`): `sample`, `mutate`
+and `perturb` never return a forbidden config, and `validate` names the rule it breaks.
+Every random operation takes an explicit `numpy.random.Generator`.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Container, Iterator, Mapping
+from typing import Any
+
+import numpy as np
+
+from nasplat.core.checks import check_real
+from nasplat.space.domains import Domain, Float, Int, check_token, config_key, copy_config, random_index, same_value
+
+Config = dict[str, Any]
+Rule = Callable[[Config], bool]  # True: the config is forbidden
+
+MAX_ATTEMPTS = 1000
+"""Draws `sample`, `mutate` and `perturb` make before they give up on finding an allowed config."""
+
+__all__ = ["MAX_ATTEMPTS", "Choice", "Config", "Domain", "Float", "ForbiddenConfigError", "Int", "Rule", "Space"]
+
+
+class ForbiddenConfigError(ValueError):
+    """A space's rules rejected every one of `MAX_ATTEMPTS` draws."""
+
+
+class Choice(Domain):
+    """One of `options`; options that are dicts are sub-spaces (conditional parameters)."""
+
+    def __init__(self, options: list[Any]) -> None:
+        if not isinstance(options, (list, tuple)) or len(options) == 0:
+            raise ValueError(f"Choice needs a non-empty list of options, got {options!r}")
+        self.options = [Space(o) if isinstance(o, Mapping) else o for o in options]
+        # Whether some option differs from the first (duplicates are allowed, e.g. to weight a value).
+        self.changeable = any(isinstance(o, Space) or not same_value(o, self.options[0]) for o in self.options[1:])
+        self._lookup: dict[Any, int] = {}  # hashable option -> its first index: a fast path for `index`
+        for i, option in enumerate(self.options):
+            try:
+                self._lookup.setdefault(option, i)
+            except TypeError:
+                pass
+        # All options hashable and pairwise unequal (1 and True, or 1 and 1.0, hash alike and count as equal).
+        self._distinct = len(self._lookup) == len(self.options) > 1 and not self.branches
+
+    def __repr__(self) -> str:
+        return f"Choice({self.options!r})"
+
+    @property
+    def branches(self) -> bool:
+        """Whether an option is a sub-space (a conditional decision)."""
+        return any(isinstance(o, Space) for o in self.options)
+
+    def sample(self, rng: np.random.Generator) -> Any:
+        return self._materialise(random_index(rng, len(self.options)), rng)
+
+    def _materialise(self, index: int, rng: np.random.Generator | None) -> Any:
+        option = self.options[index]
+        if isinstance(option, Space):
+            return option.sample(rng) if rng is not None else option.default()
+        return copy_config(option)  # a list option must not be shared between configs and the space
+
+    def index(self, path: str, value: Any) -> int:
+        try:
+            i = self._lookup.get(value)
+        except TypeError:
+            i = None
+        if i is not None and same_value(self.options[i], value):
+            return i
+        for i, option in enumerate(self.options):
+            if isinstance(option, Space):
+                if isinstance(value, Mapping) and option.fits(value):
+                    return i
+            elif not isinstance(value, Mapping) and same_value(option, value):
+                return i
+        raise ValueError(f"{path!r}: {value!r} is not one of the allowed options {self.options!r}")
+
+    def check(self, path: str, value: Any) -> None:
+        try:
+            self.index(path, value)
+        except ValueError:
+            closest = self._closest(value)
+            if closest is not None:  # name the nested key at fault rather than the whole dict
+                closest.validate(value, prefix=path + ".")
+            raise
+
+    def _closest(self, value: Any) -> Space | None:
+        """The one dict option `value` was evidently meant for (its constants match, then its keys), if any."""
+        if not isinstance(value, Mapping):
+            return None
+        candidates = [o for o in self.options if isinstance(o, Space) and all(
+            k in value and same_value(c, value[k]) for k, c in o.domains.items() if not isinstance(c, (Domain, Space)))]
+        if len(candidates) > 1:
+            candidates = [o for o in candidates if set(o.domains) == set(value)]
+        return candidates[0] if len(candidates) == 1 else None
+
+    def neighbours(self, value: Any, rng: np.random.Generator) -> list[Any]:
+        """Every other option (a dict option with a fresh sample of its sub-space), duplicates once."""
+        current = self.index("", value)
+        out: list[Any] = []
+        for i, option in enumerate(self.options):
+            if i == current or (not isinstance(option, Space) and (
+                    same_value(option, value) or any(same_value(option, o) for o in out))):
+                continue
+            out.append(self._materialise(i, rng))
+        return out
+
+    def resample_other(self, value: Any, rng: np.random.Generator) -> Any:
+        current = self.index("", value)
+        if self._distinct:  # the common case: any option but the current one
+            other = random_index(rng, len(self.options) - 1)
+            return self._materialise(other + (other >= current), rng)
+        others = [i for i, o in enumerate(self.options)
+                  if i != current and (isinstance(o, Space) or not same_value(o, value))]
+        new = value
+        for _ in range(16):  # a dict option may overlap the current one; draw until the value differs
+            if not others:
+                break
+            new = self._materialise(others[random_index(rng, len(others))], rng)
+            if not isinstance(new, Mapping) or new != value:
+                break
+        return new
+
+    def nudge(self, value: Any, rng: np.random.Generator) -> Any:
+        current = self.index("", value)
+        step = 1 if rng.random() < 0.5 else -1
+        target = min(max(current + step, 0), len(self.options) - 1)
+        if target == current:
+            target = min(max(current - step, 0), len(self.options) - 1)
+        return value if target == current else self._materialise(target, rng)
+
+    @property
+    def cardinality(self) -> int:
+        return len(self.options)
+
+    def encode(self, value: Any) -> int:
+        return self.index("", value)
+
+    def decode(self, token: int, rng: np.random.Generator | None = None) -> Any:
+        return self._materialise(check_token(token, len(self.options)), rng)
+
+
+
+class Space:
+    """A dict of named domains, constants and sub-spaces, and the rules that forbid some of its configs.
+
+    `forbidden` maps a rule's name to a predicate over a whole config of this space: a config for which any
+    predicate returns True is invalid. Rules of a sub-space see the sub-config. `Space(space)` keeps the rules.
+    """
+
+    def __init__(self, domains: Mapping[str, Any], *, forbidden: Mapping[str, Rule] | None = None) -> None:
+        rules = dict(forbidden or {})
+        if isinstance(domains, Space):
+            rules = {**domains.forbidden, **rules}
+            domains = domains.domains
+        for name, rule in rules.items():
+            if not isinstance(name, str) or not name or not callable(rule):
+                raise TypeError(f"`forbidden` maps rule names (non-empty strings) to predicates config -> bool, "
+                                f"got {name!r}: {rule!r}")
+        self.forbidden: dict[str, Rule] = rules
+        if not isinstance(domains, Mapping):
+            raise TypeError(f"a space must be a dict of named domains, got {type(domains).__name__}: {domains!r}")
+        self.domains: dict[str, Any] = {}
+        for key, value in domains.items():
+            if not isinstance(key, str):
+                raise TypeError(f"space keys must be strings, got {key!r}")
+            self.domains[key] = Space(value) if isinstance(value, Mapping) else value
+        self.constrained = bool(rules) or any(_constrained(d) for d in self.domains.values())
+
+    def __repr__(self) -> str:
+        rules = f", forbidden={sorted(self.forbidden)!r}" if self.forbidden else ""
+        return f"Space({self.domains!r}{rules})"
+
+    # -- rules -----------------------------------------------------------------------------
+    def broken_rule(self, config: Config) -> str | None:
+        """The name of the first rule `config` breaks (sub-spaces' rules too, dotted by key), or None."""
+        if not self.constrained:
+            return None
+        for name, rule in self.forbidden.items():
+            if rule(config):
+                return name
+        for key, domain in self.domains.items():
+            sub: Space | None = domain if isinstance(domain, Space) else None
+            if isinstance(domain, Choice) and isinstance(config[key], Mapping):
+                option = domain.options[domain.index(key, config[key])]
+                sub = option if isinstance(option, Space) else None
+            broken = sub.broken_rule(config[key]) if sub is not None else None
+            if broken is not None:
+                return f"{key}.{broken}"
+        return None
+
+    def allows(self, config: Config) -> bool:
+        """Whether `config` (assumed well-formed) breaks none of the rules."""
+        return self.broken_rule(config) is None
+
+    def _draw_allowed(self, draw: Callable[[], Config], what: str) -> Config:
+        """`draw()` until it returns an allowed config, at most `MAX_ATTEMPTS` times."""
+        config = draw()
+        if not self.constrained:
+            return config
+        broken: Counter[str] = Counter()
+        for _ in range(MAX_ATTEMPTS):
+            rule = self.broken_rule(config)
+            if rule is None:
+                return config
+            broken[rule] += 1
+            config = draw()
+        raise ForbiddenConfigError(f"{what}: {MAX_ATTEMPTS} draws in a row were forbidden by the space's rules "
+                                   f"(times each rule fired: {dict(broken)}); the rules must allow some configs")
+
+    # -- sampling and checking -------------------------------------------------------------
+    def sample(self, rng: np.random.Generator) -> Config:
+        """A random config that breaks none of the rules."""
+        return self._draw_allowed(lambda: {k: _sample(d, rng) for k, d in self.domains.items()}, "sample")
+
+    def sample_unseen(self, rng: np.random.Generator, seen: Container[Any]) -> Config:
+        """A random config whose `config_key` is not in `seen` (in a space nearly exhausted: any random config)."""
+        config = self.sample(rng)
+        for _ in range(MAX_ATTEMPTS):
+            if config_key(config) not in seen:
+                break
+            config = self.sample(rng)
+        return config
+
+    def default(self) -> Config:
+        """A deterministic config: `decode` of all-zero tokens (first options, the first bin's middle for numbers)."""
+        return self.decode([0] * len(self.cardinalities()))
+
+    def validate(self, config: Any, *, prefix: str = "") -> None:
+        """Raise a `ValueError`/`TypeError` naming the key, the value and what is allowed, or the rule broken."""
+        self._check_domains(config, prefix)
+        broken = self.broken_rule(config)
+        if broken is not None:
+            where = f" {prefix[:-1]!r}" if prefix else ""
+            raise ValueError(f"config{where} is forbidden by the rule {broken!r}: {config!r}")
+
+    def _check_domains(self, config: Any, prefix: str) -> None:
+        if not isinstance(config, Mapping):
+            raise TypeError(f"config{' ' + repr(prefix[:-1]) if prefix else ''} must be a dict, got {config!r}")
+        unknown = {prefix + str(k): config[k] for k in config if k not in self.domains}
+        missing = [prefix + k for k in self.domains if k not in config]
+        if unknown or missing:
+            problems = ([f"unknown keys {unknown!r}"] if unknown else []) + (
+                [f"missing keys {missing!r}"] if missing else [])
+            raise ValueError(f"config at {repr(prefix[:-1]) if prefix else 'top level'} has "
+                             f"{' and '.join(problems)}; allowed keys: {sorted(self.domains)}")
+        for key, domain in self.domains.items():
+            path, value = prefix + key, config[key]
+            if isinstance(domain, Domain):
+                domain.check(path, value)
+            elif isinstance(domain, Space):
+                domain._check_domains(value, path + ".")
+            elif not same_value(domain, value):
+                raise ValueError(f"{path!r} is fixed to {domain!r}, got {value!r}")
+
+    def accepts(self, config: Mapping[str, Any]) -> bool:
+        """Whether `validate` passes: every value allowed by its domain, no rule broken."""
+        try:
+            self.validate(config)
+        except (ValueError, TypeError):
+            return False
+        return True
+
+    def fits(self, config: Mapping[str, Any]) -> bool:
+        """Whether every value of `config` is allowed by its domain (the rules not consulted)."""
+        try:
+            self._check_domains(config, "")
+        except (ValueError, TypeError):
+            return False
+        return True
+
+    # -- decisions -------------------------------------------------------------------------
+    def decisions(self, config: Config, prefix: str = "") -> Iterator[tuple[str, Domain, Any, Config]]:
+        """The active decisions in `config`: (path, domain, value, the dict holding it)."""
+        for path, _, domain, value, holder in self._walk(config, prefix):
+            yield path, domain, value, holder
+
+    def _walk(self, config: Config, prefix: str) -> Iterator[tuple[str, str, Domain, Any, Config]]:
+        """Like `decisions`, with the key in the holding dict (paths cannot be split: keys may hold dots)."""
+        for key, domain in self.domains.items():
+            value = config[key]
+            if isinstance(domain, Domain):
+                is_choice = isinstance(domain, Choice)
+                if not is_choice or domain.cardinality > 1:
+                    yield prefix + key, key, domain, value, config
+                if is_choice and isinstance(value, Mapping):
+                    option = domain.options[domain.index(prefix + key, value)]
+                    yield from option._walk(value, prefix + key + ".")
+            elif isinstance(domain, Space):
+                yield from domain._walk(value, prefix + key + ".")
+
+    def mutate(self, config: Config, rng: np.random.Generator) -> Config:
+        """A copy of `config` with exactly one decision changed (regularized evolution's mutation), allowed by
+        the rules."""
+        return self._draw_allowed(lambda: self._mutate(config, rng), "mutate")
+
+    def _mutate(self, config: Config, rng: np.random.Generator) -> Config:
+        child = copy_config(config)
+        options = [d for d in self._walk(child, "") if _changeable(d[2])]
+        if options:
+            _, key, domain, value, holder = options[random_index(rng, len(options))]
+            holder[key] = domain.resample_other(value, rng)
+        return child
+
+    def neighbours(self, config: Config, rng: np.random.Generator) -> list[Config]:
+        """The allowed configs one decision away from `config`, decision by decision (local search).
+
+        A `Choice` gives each other option (a dict option with a fresh sample), `Int` and `Float` a step
+        down and a step up; `rng` is used only to sample newly entered sub-spaces.
+        """
+        out: list[Config] = []
+        for i, (_, key, domain, value, _) in enumerate(self._walk(config, "")):
+            for new in domain.neighbours(value, rng):
+                child = copy_config(config)
+                holder = next(d for j, d in enumerate(self._walk(child, "")) if j == i)[4]
+                holder[key] = new
+                if self.allows(child):
+                    out.append(child)
+        return out
+
+    def perturb(self, config: Config, rng: np.random.Generator, *, resample_probability: float = 0.25) -> Config:
+        """PBT's explore: each decision is resampled with `resample_probability`, else nudged.
+
+        A conditional choice that lands on another option takes that option's fresh sample; the
+        decisions of the option it left are not perturbed (they no longer exist). The result is allowed by
+        the rules.
+        """
+        check_real("resample_probability", resample_probability, minimum=0, maximum=1)
+
+        def draw() -> Config:
+            child = copy_config(config)
+            self._perturb(child, rng, resample_probability, "")
+            return child
+        return self._draw_allowed(draw, "perturb")
+
+    def _perturb(self, config: Config, rng: np.random.Generator, resample_probability: float, prefix: str) -> None:
+        for key, domain in self.domains.items():
+            value = config[key]
+            if isinstance(domain, Space):
+                domain._perturb(value, rng, resample_probability, prefix + key + ".")
+            elif isinstance(domain, Domain):
+                if not isinstance(domain, Choice) or domain.cardinality > 1:
+                    resample = rng.random() < resample_probability
+                    config[key] = domain.sample(rng) if resample else domain.nudge(value, rng)
+                    if config[key] is not value:
+                        continue
+                if isinstance(domain, Choice) and isinstance(value, Mapping):
+                    option = domain.options[domain.index(prefix + key, value)]
+                    option._perturb(value, rng, resample_probability, prefix + key + ".")
+
+    # -- token encoding (RL controller) ------------------------------------------------------
+    def cardinalities(self) -> list[int]:
+        """Token count of each position of `encode`'s fixed-length output (all branches, in order)."""
+        out: list[int] = []
+        for domain in self.domains.values():
+            if isinstance(domain, Domain):
+                out.append(domain.cardinality)
+                if isinstance(domain, Choice):
+                    for option in domain.options:
+                        if isinstance(option, Space):
+                            out.extend(option.cardinalities())
+            elif isinstance(domain, Space):
+                out.extend(domain.cardinalities())
+        return out
+
+    def encode(self, config: Config) -> list[int]:
+        """One token per position; positions of branches not taken are 0."""
+        tokens: list[int] = []
+        for key, domain in self.domains.items():
+            value = config[key]
+            if isinstance(domain, Domain):
+                taken = domain.encode(value)
+                tokens.append(taken)
+                if isinstance(domain, Choice):
+                    for i, option in enumerate(domain.options):
+                        if isinstance(option, Space):
+                            tokens.extend(option.encode(value) if i == taken else [0] * len(option.cardinalities()))
+            elif isinstance(domain, Space):
+                tokens.extend(domain.encode(value))
+        return tokens
+
+    def decode(self, tokens: list[int]) -> Config:
+        """Inverse of `encode` (binned ints and floats come back as their bin's middle)."""
+        expected = len(self.cardinalities())
+        if len(tokens) != expected:
+            raise ValueError(f"decode needs {expected} tokens for this space, got {len(tokens)}: {tokens!r}")
+        return self._decode(iter(tokens))
+
+    def _decode(self, tokens: Iterator[int]) -> Config:
+        config: Config = {}
+        for key, domain in self.domains.items():
+            if isinstance(domain, Domain):
+                token = next(tokens)
+                config[key] = domain.decode(token)
+                if isinstance(domain, Choice):
+                    for i, option in enumerate(domain.options):
+                        if isinstance(option, Space):
+                            sub = option._decode(tokens)
+                            if i == token:
+                                config[key] = sub
+            elif isinstance(domain, Space):
+                config[key] = domain._decode(tokens)
+            else:
+                config[key] = copy_config(domain)
+        return config
+
+
+def _sample(domain: Any, rng: np.random.Generator) -> Any:
+    if isinstance(domain, (Domain, Space)):
+        return domain.sample(rng)
+    return copy_config(domain)
+
+
+def _constrained(domain: Any) -> bool:
+    if isinstance(domain, Space):
+        return domain.constrained
+    return isinstance(domain, Choice) and any(isinstance(o, Space) and o.constrained for o in domain.options)
+
+
+def _changeable(domain: Domain) -> bool:
+    if isinstance(domain, Choice):
+        return domain.changeable
+    if isinstance(domain, Int):
+        return domain.low < domain.high
+    return True
+
+
