@@ -1,7 +1,9 @@
 """The `nasplat` command: run, resume, status, export, report and serve experiments.
 
 Every error is one line on stderr, `nasplat <command>: error: ...`, and exit code 2; `--debug` shows the
-traceback instead. Trainer and space modules are found in the current folder, as with `python -m`. `nasplat run`
+traceback instead. A `run` or `resume` that finished with trials failed and none completed, stopped or paused
+(nothing could succeed) exits with code 1 after one line naming the first errors. Trainer and space modules are
+found in the current folder, as with `python -m`. `nasplat run`
 keeps its experiment under `--storage`, else the file's `storage`, else the default folder (`$NASPLAT_RESULTS`,
 else `./nasplat_results`), and prints where at the start; `--no-storage` keeps nothing on disk.
 """
@@ -18,6 +20,7 @@ from typing import NoReturn
 
 from nasplat.controllers import CONTROLLERS
 from nasplat.core.rows import Status
+from nasplat.engine.console import last_line
 from nasplat.engine.records import ExperimentFailed
 from nasplat.engine.result import ExperimentResult
 from nasplat.executors import DEFAULT_EXECUTOR, EXECUTORS
@@ -93,17 +96,34 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"experiment folder: {location}{how}", flush=True)
 
     result = run_spec(experiment, progress=not args.quiet, announce=announce)
-    if result.path is not None:
-        print(f"results: {result.path}  (nasplat status {result.path} · nasplat report {result.path})")
+    if result.path is not None:  # the experiment's own location (a URI's, not its local copy's)
+        print(f"results: {result.location}  (nasplat status {result.location} · nasplat report {result.path})")
     _summarise(result, top=5)
-    return 0
+    return _nothing_succeeded(result, "run")
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
     result = resume(args.folder, progress=not args.quiet)
-    print(f"results: {result.path}")
+    print(f"results: {result.location}")
     _summarise(result, top=5)
-    return 0
+    return _nothing_succeeded(result, "resume")
+
+
+def _nothing_succeeded(result: ExperimentResult, command: str) -> int:
+    """The exit code of a finished run: 1, after one line on stderr naming the first errors, when trials failed
+    and none completed, stopped or paused (nothing in the search could succeed); else 0."""
+    final = result.final_status()
+    if Status.FAILED not in final.values() or any(
+            s in (Status.COMPLETED, Status.STOPPED, Status.PAUSED) for s in final.values()):
+        return 0
+    errors: dict[int, str] = {}
+    for row in result.rows:
+        if row.get("status") == Status.FAILED and row["trial_id"] not in errors:
+            errors[row["trial_id"]] = last_line(str(row.get("error") or "(no error recorded)"))
+    first = "; ".join(f"trial {t}: {e}" for t, e in list(errors.items())[:3])
+    print(f"nasplat {command}: error: no trial succeeded ({len(errors)} failed); first errors: {first}",
+          file=sys.stderr)
+    return 1
 
 
 def cmd_status(args: argparse.Namespace) -> int:

@@ -1,4 +1,5 @@
-"""Tidying up after tests that start whole Ray clusters in a process session of their own."""
+"""Process helpers for tests: tidying up after tests that start whole Ray clusters in a process session of their
+own; the children of a process, and waiting (by pid) for processes to end."""
 
 from __future__ import annotations
 
@@ -31,3 +32,42 @@ def kill_session(sid: int, timeout: float = 30) -> None:
             except ProcessLookupError:
                 pass
         time.sleep(0.2)
+
+
+def children(pid: int) -> list[int]:
+    """The pids whose parent is `pid` now (read from /proc)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(entry.name))
+        except (OSError, IndexError, ValueError):
+            pass
+    return found
+
+
+def still_running(pids: list[int], timeout: float) -> list[int]:
+    """Those of `pids` whose processes have not exited within `timeout` seconds (a zombie has exited), watched by
+    pidfd: woken by each exit, no polling."""
+    import select
+
+    watched: dict[int, int] = {}  # pidfd -> pid
+    for pid in pids:
+        try:
+            watched[os.pidfd_open(pid)] = pid
+        except ProcessLookupError:  # gone already
+            pass
+    poller = select.poll()
+    for fd in watched:
+        poller.register(fd, select.POLLIN)
+    deadline = time.monotonic() + timeout
+    try:
+        left = set(watched)
+        while left and (remaining := deadline - time.monotonic()) > 0:
+            for fd, _ in poller.poll(remaining * 1000):
+                left.discard(fd)
+                poller.unregister(fd)
+        return sorted(watched[fd] for fd in left)
+    finally:
+        for fd in watched:
+            os.close(fd)

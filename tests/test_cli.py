@@ -219,3 +219,15 @@ def test_export_takes_the_format_from_the_output_extension_and_refuses_a_contrad
     assert main(["export", folder, "-o", "rows.csv", "--trial", "0"]) == 2
     assert "they need --format pt, got -o rows.csv (csv)" in capsys.readouterr().err
     assert not (here / "wrong.pt").exists()
+
+
+def test_a_run_where_every_trial_fails_exits_1_naming_the_first_errors(here, capsys):
+    spec = {**TINY, "storage": "out", "constraints": ["params <= 1.0"]}  # a metric no trial reports
+    assert main(["run", str(write(here, spec)), "--quiet"]) == 1
+    captured = capsys.readouterr()
+    assert "trials: 3 (3 failed)" in captured.out
+    assert captured.err.splitlines() == [
+        "nasplat run: error: no trial succeeded (3 failed); first errors: "
+        + "; ".join(f"trial {t}: metric 'params' is missing from the report (reported: ['score'])" for t in range(3))]
+    assert main(["resume", str(here / "out" / "tiny"), "--quiet"]) == 1  # nothing left to run: still a failure
+    assert "nasplat resume: error: no trial succeeded (3 failed)" in capsys.readouterr().err

@@ -6,7 +6,9 @@ one clear error (an exception nasplat raised on purpose: its innermost frame is 
 own code, with a one-line message) or finished with one folder that `nasplat status` loads, where the file's
 `storage` (or, without one, the default storage) says, or with nothing written under `--no-storage`. An exception
 that escapes from elsewhere (a comparison inside the engine, numpy, json, the trainer's own code) is a traceback
-from nasplat's own code and fails the test.
+from nasplat's own code and fails the test. Hostile trainers on `processes` (issue 21): steps that hang (with
+`step_timeout_s`) or SIGKILL their own worker process fail their own trials with a timeout or a worker's death, and
+no other trial, even one on the same worker.
 
 Written before the engine's part of issue 9: on the engine of 2026-12-03 the trainer test fails, as it should, on
 (1) a 1-d tensor metric (`results.py` calls `.item()` on it and the RuntimeError ends the experiment), (2) an int
@@ -34,6 +36,7 @@ import os
 import signal
 import sys
 import tempfile
+import threading
 from collections.abc import Iterator
 from fractions import Fraction
 from pathlib import Path
@@ -325,5 +328,92 @@ def test_generated_trainer_behaviour_fails_trials_never_the_experiment(executor:
             event(f"refused: {type(exc).__name__}")
             return
         event("finished: " + ", ".join(f"{n} {s}" for s, n in sorted(result.counts().items())))
+        assert sum(result.counts().values()) >= 1
+        status_loads(Path(storage) / "fz")
+
+
+# -- hostile trainers on `processes`: steps that hang, steps that kill their own worker ------------------------------
+class Behaviour:
+    """A step outcome that is not a value: the step hangs, or kills its own worker process."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+HANG, KILL_MY_PROCESS = Behaviour("hang"), Behaviour("kill my own process")
+STEP_TIMEOUT_S = 1.0
+HOSTILE_LIMIT_S = RUN_LIMIT_S + 10 * STEP_TIMEOUT_S  # every trial may be hostile: 8 timeouts in turn on one worker
+GOOD_STEPS = st.fixed_dictionaries({"score": st.floats(-1, 1)})
+# A hostile script: up to two steps of anything (mostly good ones), then one that hangs or kills its process
+HOSTILE_SCRIPTS = st.tuples(st.lists(st.one_of(GOOD_STEPS, GOOD_STEPS, STEP_OUTCOMES), max_size=2),
+                            st.sampled_from([KILL_MY_PROCESS, HANG, KILL_MY_PROCESS, HANG])).map(lambda drawn: [*drawn[0], drawn[1]])
+
+
+class Hostile(Scripted):
+    """`Scripted`, except that the trials whose `k` is `hostile_k` play `hostile` (which may hang or SIGKILL the
+    process running it) while the others play `steps`."""
+
+    hostile_k: ClassVar[int] = 1
+    hostile: ClassVar[list[Any]] = []
+
+    def setup(self, config: dict, ctx: nasplat.WorkerContext) -> None:
+        super().setup(config, ctx)
+        self.script = self.hostile if config["k"] == self.hostile_k else self.steps
+
+    def step(self) -> Any:
+        self.t += 1
+        outcome = self.script[min(self.t, len(self.script)) - 1]
+        if outcome is HANG:
+            threading.Event().wait()  # until the step timeout kills this worker
+        elif outcome is KILL_MY_PROCESS:
+            os.kill(os.getpid(), signal.SIGKILL)
+        if isinstance(outcome, BaseException):
+            raise outcome
+        return outcome
+
+
+@settings(FUZZ, max_examples=examples(20))
+@given(hostile=HOSTILE_SCRIPTS,
+       steps=st.lists(st.one_of(GOOD_STEPS, STEP_OUTCOMES), min_size=1, max_size=3), hostile_k=st.integers(1, 3),
+       processes=st.integers(1, 2), concurrency=st.integers(2, 3),
+       budget=st.sampled_from([{"max_trials": 4}, {"time_budget_s": 0.5}, {"max_trials": 4, "time_budget_s": 0.5}]),
+       max_failures=st.integers(0, 1), checkpoint=st.sampled_from([None, {"every": 1}]))
+@example(hostile=[{"score": 1.0}, HANG], steps=[{"score": 0.5}], hostile_k=1, processes=1, concurrency=3,
+         budget={"max_trials": 4}, max_failures=1, checkpoint={"every": 1})
+@example(hostile=[KILL_MY_PROCESS], steps=[{"score": 0.5}], hostile_k=2, processes=1, concurrency=3,
+         budget={"max_trials": 4}, max_failures=0, checkpoint=None)
+def test_generated_hangs_and_self_kills_on_processes_charge_only_their_trials(
+        hostile: list[Any], steps: list[Any], hostile_k: int, processes: int, concurrency: int,
+        budget: dict[str, float], max_failures: int, checkpoint: dict[str, int] | None) -> None:
+    """Trials whose steps hang (with `step_timeout_s`) or SIGKILL their own worker process fail with a timeout or
+    a worker's death; the run ends; no other trial, even one hosted by the same worker, fails for that reason.
+    Every input here is valid: the one refusal allowed is `ExperimentFailed` (more trials failed than allowed)."""
+    trainer = type("HostileRun", (Hostile,), {"hostile": hostile, "steps": steps, "hostile_k": hostile_k})
+    event("hostile: " + ", ".join(sorted({b.name for b in hostile if isinstance(b, Behaviour)})))
+    with tempfile.TemporaryDirectory() as storage:
+        try:
+            with time_limit(HOSTILE_LIMIT_S):
+                result = nasplat.run(trainer=trainer, space={"x": Float(0.0, 1.0), "k": Int(1, 3)}, metric="score",
+                                     executor="processes", concurrency=concurrency,
+                                     executor_options={"processes": processes}, step_timeout_s=STEP_TIMEOUT_S,
+                                     max_steps=3, max_failures=max_failures, seed=0, storage=storage, name="fz",
+                                     checkpoint=checkpoint, **budget)
+        except ExperimentFailed as exc:
+            check_clear(exc)
+            event("refused: ExperimentFailed")
+            return
+        except Hang as exc:
+            pytest.fail(f"the run did not end: {exc}")
+        event("finished: " + ", ".join(f"{n} {s}" for s, n in sorted(result.counts().items())))
+        for row in result.rows:
+            error = row.get("error") or ""
+            if "timed out after" in error or "died (exit code" in error:
+                event("a hostile trial charged")
+                assert row["config"]["k"] == hostile_k, f"an innocent trial charged: {row}"
+            if "timed out after" in error:
+                assert error.startswith(f"step timed out after {STEP_TIMEOUT_S:g} s (step_timeout_s="), error
         assert sum(result.counts().values()) >= 1
         status_loads(Path(storage) / "fz")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
+import threading
 from typing import Any
 
 import pytest
@@ -55,29 +56,53 @@ def test_two_workers_step_side_by_side_in_their_own_processes():
     assert len(pids) == 2 and os.getpid() not in pids
 
 
-class KillWorkerOnFirstRow:
-    """A listener that SIGKILLs the worker process that reported the first row (step 1 of 3)."""
+IN_STEP, NEVER = multiprocessing.get_context("fork").Event(), multiprocessing.get_context("fork").Event()
+STEPPING_PID = multiprocessing.get_context("fork").Value("i", 0)
+
+
+class HeldSecondStep(Counting):
+    """`Counting`, except that the first trial to start its second step says so (its worker's pid in
+    `STEPPING_PID`, then `IN_STEP`) and waits there (up to 30 s): its worker is killed mid-step."""
+
+    def step(self) -> dict[str, Any]:
+        if self.t == 1 and not IN_STEP.is_set():
+            with STEPPING_PID.get_lock():
+                first = STEPPING_PID.value == 0
+                if first:
+                    STEPPING_PID.value = os.getpid()
+            if first:
+                IN_STEP.set()
+                NEVER.wait(30)  # the kill comes while it waits here
+        return super().step()
+
+
+class KillHeldWorker(threading.Thread):
+    """A thread of the test that SIGKILLs the worker process holding a trial's second step, once it is held."""
 
     def __init__(self) -> None:
+        super().__init__(daemon=True)
         self.killed: int | None = None  # the pid
 
-    def on_row(self, engine: Any, row: dict[str, Any]) -> None:
-        if self.killed is None:
-            self.killed = row["pid"]
-            os.kill(row["pid"], signal.SIGKILL)
+    def run(self) -> None:
+        if IN_STEP.wait(timeout=60):
+            self.killed = STEPPING_PID.value
+            os.kill(self.killed, signal.SIGKILL)
 
 
 @pytest.mark.parametrize("max_failures", [0, 1])
 def test_a_killed_worker_fails_its_trial_and_the_run_goes_on(tmp_path, max_failures):
-    killer = KillWorkerOnFirstRow()
-    result = nasplat.run(trainer=Counting, space={"x": Float(0.0, 2.0)}, metric="score", executor="processes",
+    IN_STEP.clear()
+    STEPPING_PID.value = 0
+    killer = KillHeldWorker()
+    killer.start()
+    result = nasplat.run(trainer=HeldSecondStep, space={"x": Float(0.0, 2.0)}, metric="score", executor="processes",
                          concurrency=2, max_trials=6, max_steps=3, max_failures=max_failures, seed=0,
-                         storage=tmp_path, name=f"kill-{max_failures}", checkpoint={"every": 1},
-                         callbacks=[killer])
+                         storage=tmp_path, name=f"kill-{max_failures}", checkpoint={"every": 1})
+    killer.join(timeout=60)
     pid = killer.killed
     assert pid is not None
     ended = [r for r in result.rows if r["status"] in ("failed", "retried")]
-    assert len(ended) == 1  # the trial the killed worker ran then; the other worker's went on untouched
+    assert len(ended) == 1  # the trial whose step the killed worker ran; the other worker's went on untouched
     trial = ended[0]["trial_id"]
     assert f"worker process {pid} died" in ended[0]["error"]
     assert {r["pid"] for r in result.rows if r["trial_id"] == trial and r["attempt"] == 0} <= {pid}
@@ -114,12 +139,15 @@ class Unpicklable(Trainer):
         return {"score": float(self.t), **({"how": lambda: self.t} if self.t == 2 and self.x > 0.5 else {})}
 
 
-def test_metrics_that_cannot_leave_the_worker_fail_that_trial_only():
-    result = nasplat.run(trainer=Unpicklable, space={"x": Float(0.0, 1.0)}, metric="score", executor="processes",
-                         concurrency=2, max_trials=8, max_steps=3, seed=0)
+@pytest.mark.parametrize("executor", ["processes", "local"])
+def test_metrics_that_cannot_leave_the_worker_fail_that_trial_only(executor):
+    result = nasplat.run(trainer=Unpicklable, space={"x": Float(0.0, 1.0)}, metric="score", executor=executor,
+                         concurrency=2, max_trials=8, max_steps=3, seed=0, max_failures=1)
+    retried = [r for r in result.rows if r["status"] == "retried"]
     failed = [r for r in result.rows if r["status"] == "failed"]
-    assert failed and all(r["config"]["x"] > 0.5 and r["step"] == 2 for r in failed)
-    assert all("could not be sent from the worker process" in r["error"] for r in failed)
+    assert failed and {r["trial_id"] for r in retried} == {r["trial_id"] for r in failed}  # retried once, alike
+    assert all(r["config"]["x"] > 0.5 and r["step"] == 2 for r in failed + retried)
+    assert all("could not be sent from the worker process" in r["error"] for r in failed + retried)
     completed = [r for r in result.rows if r["status"] == "completed"]
     assert len(failed) + len(completed) == 8 and all(r["config"]["x"] <= 0.5 for r in completed)
 

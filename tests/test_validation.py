@@ -12,6 +12,8 @@ import yaml
 
 from nasplat.controllers import CONTROLLERS, RegularizedEvolution, check_controller_options
 from nasplat.core.checks import check_int, check_name, check_real, check_run_options
+from nasplat.core.pareto import parse_constraints
+from nasplat.experiment.file import read_experiment
 from nasplat.trainer import check_trainer
 
 NASPLAT = Path(sys.executable).parent / "nasplat"  # the console script: it puts nothing on sys.path by itself
@@ -98,7 +100,7 @@ def test_user_modules_that_fail_or_name_no_trainer_are_one_line(folder: Path, ke
 
 @pytest.mark.parametrize("budget_line, message", [
     ('time_budget_s: "10"', "`time_budget_s` must be a finite number > 0 (or None), got time_budget_s='10' (a string"),
-    ("time_budget_s: 1e3", "got time_budget_s='1e3' (a string: write numbers without quotes"),
+    ('time_budget_s: "1e3"', "got time_budget_s='1e3' (a string: write numbers without quotes)"),
     ("max_trials: true", "`max_trials` must be an integer >= 1 (or None), got max_trials=True (a bool"),
     ('max_steps: "3"', "`max_steps` must be an integer >= 1, got max_steps='3'"),
     ("max_trials: 2.5", "`max_trials` must be an integer >= 1 (or None), got max_trials=2.5"),
@@ -107,6 +109,15 @@ def test_user_modules_that_fail_or_name_no_trainer_are_one_line(folder: Path, ke
 def test_budget_numbers_must_be_numbers(folder: Path, budget_line: str, message: str) -> None:
     text = yaml.safe_dump({**GOOD, "budget": {}}).replace("budget: {}", "budget:\n  " + budget_line)
     assert message in one_error_line(run_file(folder, text))
+
+
+def test_an_exponent_without_a_dot_is_a_number_in_a_file_as_in_a_constraint(tmp_path: Path) -> None:
+    path = tmp_path / "e.yaml"
+    path.write_text(yaml.safe_dump({**GOOD, "constraints": ["score <= 1e3"]}).replace(
+        "budget:", "budget:\n  time_budget_s: 1e3\n  step_timeout_s: 2E+1\n", 1), encoding="utf-8")
+    spec = read_experiment(path)
+    assert (spec.time_budget_s, spec.step_timeout_s, parse_constraints(spec.constraints)[0].threshold) == (
+        1000.0, 20.0, 1000.0)
 
 
 @pytest.mark.parametrize("change, message", [

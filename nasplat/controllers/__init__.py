@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Mapping
 from typing import Any
 
@@ -29,7 +28,7 @@ from nasplat.controllers.pbt import PopulationBasedTraining
 from nasplat.controllers.predictor import Predictor
 from nasplat.controllers.random_search import RandomSearch
 from nasplat.controllers.reinforce import Reinforce
-from nasplat.core.registry import Registry
+from nasplat.core.registry import Registry, constructor_options
 
 CONTROLLERS: Registry[type[Controller]] = Registry("controller", {
     "random": RandomSearch,
@@ -46,21 +45,8 @@ EXPERIMENT_LEVEL = ("space", "metric", "mode", "constraints", "seed")
 
 
 def controller_options(cls: type[Controller]) -> list[str] | None:
-    """The option names `cls` takes, from its constructor's signature and those of the classes its `**kwargs`
-    reach; None when the chain ends in a `**kwargs` that accepts anything."""
-    names: list[str] = []
-    for klass in cls.__mro__:
-        init = klass.__dict__.get("__init__")
-        if init is None:
-            continue
-        parameters = list(inspect.signature(init).parameters.values())[1:]  # without self
-        names += [p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
-                  and p.name not in names]
-        if not any(p.kind is p.VAR_KEYWORD for p in parameters):
-            return [name for name in names if name not in EXPERIMENT_LEVEL]
-        if klass is Controller:
-            break
-    return None
+    """The option names `cls` takes (see `constructor_options`); None when its `**kwargs` accepts anything."""
+    return constructor_options(cls, base=Controller, skip=EXPERIMENT_LEVEL)
 
 
 def check_controller_options(cls: type[Controller], options: Mapping[str, Any] | None) -> dict[str, Any]:

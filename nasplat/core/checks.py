@@ -1,8 +1,8 @@
 """Checks of user-given values, one place for all: each error names the key, the value received and what is allowed.
 
 Numbers are numbers: `bool` is never accepted as an integer or a real (`max_trials: true` is a mistake), and a
-numeric string such as `"10"` is refused rather than converted, with a hint, since PyYAML reads `1e3` (no dot, no
-exponent sign) as the string `'1e3'`: write `1000` or `1.0e+3`. numpy's integers and floats are numbers.
+numeric string such as `"10"` is refused rather than converted, with a hint (experiment files read `1e3` as a
+number, YAML 1.2's way: see `nasplat.experiment.file`). numpy's integers and floats are numbers.
 
 `is_int` and `is_real` answer whether a value is a number (for filters); `check_int`, `check_real`, `check_bool`
 and `check_choice` raise a `ValueError` of the form "`name` must be <what is allowed>, got name=<value>".
@@ -43,7 +43,7 @@ def received(name: str, value: Any) -> str:
             float(value)
         except ValueError:
             return text
-        text += (" (a string: write numbers without quotes; YAML reads 1e3 as a string, write 1000 or 1.0e+3)")
+        text += " (a string: write numbers without quotes)"
     elif isinstance(value, bool):
         text += " (a bool is not a number here)"
     return text

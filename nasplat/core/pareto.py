@@ -20,6 +20,7 @@ from nasplat.core.checks import (
     EXPERIMENT_MODES,
     is_real,
     parse_objectives,  # noqa: F401 (re-exported: the objectives are checked there)
+    received,
 )
 from nasplat.core.rows import Status
 
@@ -52,7 +53,13 @@ _CONSTRAINT_TEXT = re.compile(r"^\s*([A-Za-z_][\w./-]*)\s*(<=|>=)\s*(\S+)\s*$")
 
 def parse_constraints(spec: Any) -> tuple[Constraint, ...]:
     """Constraints from None, `"params <= 1.0"`, a list of such strings (or `Constraint`s), or a mapping
-    `{"params": ("<=", 1.0)}`; a mistake names the entry, what was received and what is allowed."""
+    `{"params": ("<=", 1.0)}`; a mistake names the entry, what was received and what is allowed.
+
+    Numbers follow the rule of every number nasplat is given, where they are values of their own: a threshold in
+    the mapping form must be a number, and a string (YAML reads `1e3` as the string '1e3') or a bool is refused
+    with the same hint as elsewhere. Inside a constraint string the threshold is text that nasplat reads itself,
+    with Python's float syntax (`params <= 1e3` is 1000.0): nothing there changes type silently, so `1e3`, `2e1`
+    and `1.0e+3` all read as the numbers they spell."""
     if spec is None:
         return ()
     if isinstance(spec, (str, Constraint)):
@@ -71,7 +78,10 @@ def parse_constraints(spec: Any) -> tuple[Constraint, ...]:
             parts = match.groups() if match else None
         else:
             parts = (item[0], *item[1]) if isinstance(item, tuple) and len(item) == 2 and isinstance(
-                item[1], Sequence) and len(item[1]) == 2 else None
+                item[1], Sequence) and not isinstance(item[1], str) and len(item[1]) == 2 else None
+            if parts is not None and isinstance(parts[2], (str, bool)):
+                raise ValueError(f"constraint {parts[0]!r}: the threshold must be a number, "
+                                 f"{received('threshold', parts[2])}")
         threshold = finite(_number(parts[2])) if parts else None
         if parts is None or not isinstance(parts[0], str) or parts[1] not in OPERATORS or threshold is None:
             raise ValueError(f"a constraint must read '<metric> <= <number>' or '<metric> >= <number>' (as a string "

@@ -6,10 +6,30 @@ registry."""
 from __future__ import annotations
 
 import importlib
+import inspect
 from collections.abc import Iterator, Mapping
 from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
+
+
+def constructor_options(cls: type, *, base: type = object, skip: tuple[str, ...] = ()) -> list[str] | None:
+    """The option names `cls` takes, from its constructor's signature and those of the classes its `**kwargs`
+    reach, up to `base`; None when the chain ends in a `**kwargs` that accepts anything. Names in `skip` (set
+    by the caller itself, never as options) are left out."""
+    names: list[str] = []
+    for klass in cls.__mro__:
+        init = klass.__dict__.get("__init__")
+        if init is None:
+            continue
+        parameters = list(inspect.signature(init).parameters.values())[1:]  # without self
+        names += [p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+                  and p.name not in names]
+        if not any(p.kind is p.VAR_KEYWORD for p in parameters):
+            return [name for name in names if name not in skip]
+        if klass is base:
+            break
+    return None
 
 
 class Registry(Mapping[str, T], Generic[T]):

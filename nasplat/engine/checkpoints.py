@@ -1,5 +1,6 @@
 """Which of an experiment's checkpoints go, and when: the ones newer checkpoints replaced, once a synced row names
-the successor (before, a resume would still need them), and those of ended trials outside the `keep_best` best."""
+the successor (before, a resume would still need them), and those of ended trials outside the `keep_best` best.
+Also the count of checkpoints that could not be written, which the run's end reports in one line."""
 
 from __future__ import annotations
 
@@ -7,26 +8,30 @@ from collections.abc import Mapping
 from typing import Any
 
 from nasplat.core.rows import Status
+from nasplat.engine.console import last_line
 from nasplat.engine.records import TrialRecord
 from nasplat.storage import Storage
 from nasplat.storage.checkpoints import Checkpoint, CheckpointPolicy
 
 
 class CheckpointBook:
-    """The engine's checkpoint bookkeeping under `policy` (None: checkpoints are kept, only superseded ones go)."""
+    """The engine's checkpoint bookkeeping under `policy` (None: checkpoints are kept, only superseded ones go), for
+    the experiment folder `home` (its path or URI): only checkpoints inside it are ever deleted, never those of
+    another folder that rows from before a copy still name."""
 
-    def __init__(self, policy: CheckpointPolicy | None) -> None:
-        self.policy = policy
-        # checkpoints replaced by a newer one of the same trial: new uri -> old; old ones whose successor a
-        # recorded row names may go once that row is synced
+    def __init__(self, policy: CheckpointPolicy | None, home: str | None = None) -> None:
+        self.policy, self.home = policy, home
+        # checkpoints replaced by a newer one of the same trial: the newer one's location as rows record it ->
+        # the old one; old ones whose successor a recorded row names may go once that row is synced
         self.superseded: dict[str, Checkpoint] = {}
         self.deletable: list[Checkpoint] = []
+        self.lost: list[Checkpoint] = []  # checkpoints whose write failed (not those a newer one superseded)
 
-    def replaced(self, previous: Checkpoint | None, checkpoint: Checkpoint) -> None:
+    def replaced(self, previous: Checkpoint | None, checkpoint: Checkpoint, recorded: str | None = None) -> None:
         """`checkpoint` is its trial's latest now, in place of `previous`: that goes once a synced row names
-        `checkpoint`."""
+        `checkpoint` (as `recorded`, default its uri)."""
         if previous is not None and checkpoint.uri is not None and previous.uri != checkpoint.uri:
-            self.superseded[checkpoint.uri] = previous
+            self.superseded[recorded or checkpoint.uri] = previous
 
     def recorded(self, row: Mapping[str, Any]) -> None:
         """A row went out: the checkpoint its own replaced may go once the row is synced."""
@@ -36,7 +41,7 @@ class CheckpointBook:
     def delete_superseded(self) -> None:
         """Delete the checkpoints whose successors synced rows name."""
         for checkpoint in self.deletable:
-            delete(checkpoint)
+            self.delete(checkpoint)
         self.deletable.clear()
 
     def prune(self, trials: Mapping[int, TrialRecord], metric: str, mode: str) -> None:
@@ -50,17 +55,34 @@ class CheckpointBook:
         for _, trial_id in scored[self.policy.keep_best:]:
             record = trials[trial_id]
             if record.checkpoint is not None:
-                delete(record.checkpoint)
+                self.delete(record.checkpoint)
                 record.checkpoint = None
 
+    def delete(self, checkpoint: Checkpoint) -> None:
+        """Delete a checkpoint's folder, and its trial's folder once empty, if it lies in this experiment's folder;
+        a failure only costs disk space."""
+        uri = str(checkpoint.uri)  # set: only durable checkpoints are deleted
+        if self.home is not None and not uri.startswith(self.home.rstrip("/") + "/"):
+            return  # another folder's (the original of a copy): not this experiment's to delete
+        try:
+            Storage(uri).delete("")
+            trial = Storage(uri.rsplit("/", 1)[0])
+            if not trial.list():
+                trial.delete("")
+        except OSError:
+            pass
 
-def delete(checkpoint: Checkpoint) -> None:
-    """Delete a checkpoint's folder, and its trial's folder once empty; a failure only costs disk space."""
-    uri = str(checkpoint.uri)  # set: only durable checkpoints are deleted
-    try:
-        Storage(uri).delete("")
-        trial = Storage(uri.rsplit("/", 1)[0])
-        if not trial.list():
-            trial.delete("")
-    except OSError:
-        pass
+    # -- failed writes ---------------------------------------------------------------------------------
+    def failed(self, checkpoint: Checkpoint) -> bool:
+        """Count a checkpoint whose write failed; whether it is among the first three (printed one by one)."""
+        self.lost.append(checkpoint)
+        return len(self.lost) <= 3
+
+    def lost_summary(self) -> str | None:
+        """One line on the checkpoints that could not be written (None if none): how many, and the first error."""
+        if not self.lost:
+            return None
+        first = self.lost[0]
+        return (f"{len(self.lost)} checkpoint{'s' if len(self.lost) > 1 else ''} could not be written; the first, "
+                f"of trial {first.trial_id} at step {first.step}: {last_line(first.error or 'no error given')}. "
+                "Their trials went on; a retry or resume starts from an earlier checkpoint or from scratch")

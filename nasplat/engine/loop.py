@@ -18,7 +18,7 @@ from nasplat.core.rows import Status
 from nasplat.engine import console
 from nasplat.engine.checkpoints import CheckpointBook
 from nasplat.engine.listener import notify
-from nasplat.engine.records import Budget, ExperimentFailed, TrialRecord
+from nasplat.engine.records import Budget, ExperimentFailed, TrialRecord, check_step_timeout
 from nasplat.engine.result import ExperimentResult
 from nasplat.engine.state import EngineState
 from nasplat.engine.step_metrics import MetricError, clean_metrics
@@ -28,7 +28,8 @@ from nasplat.storage.checkpoints import Checkpoint, CheckpointPolicy
 
 
 class Engine(EngineState):
-    """Keeps `executor.concurrency` trials running until the budget is spent and every trial has ended."""
+    """Keeps `executor.concurrency` trials running until the budget is spent and every trial has ended (or, past
+    the time budget, until its grace is over: see `_deadline`)."""
 
     def __init__(self, *, controller: Searcher, executor: Executor, trainer: type, budget: Budget,
                  name: str = "experiment", seed: int = 0, max_failures: int = 0, max_failed_trials: int | None = 10,
@@ -38,11 +39,12 @@ class Engine(EngineState):
         check_int("max_failed_trials", max_failed_trials, minimum=0, optional=True)
         if checkpoint is not None and folder is None:
             raise ValueError("checkpoints need `storage`: set `storage` or drop `checkpoint`")
+        check_step_timeout(executor, budget.step_timeout_s)
         super().__init__(controller, budget, max_failed_trials=max_failed_trials, folder=folder)
         self.executor, self.trainer = executor, trainer
         self.name, self.seed, self.max_failures = name, seed, max_failures
         self.policy, self.progress = checkpoint, progress
-        self.book = CheckpointBook(checkpoint)  # which checkpoints go, and when
+        self.book = CheckpointBook(checkpoint, self.home)  # which checkpoints go, and when
         self.printer = console.ProgressPrinter()  # the progress line, at most once a second
         # `nasplat.engine.listener.Listener`s, or objects with some of its hooks: dashboard metrics,
         # TensorBoard, MLflow
@@ -52,7 +54,10 @@ class Engine(EngineState):
     def run(self) -> ExperimentResult:
         """Run to the end of the budget; raises `ExperimentFailed` once more than `max_failed_trials` failed."""
         try:
+            if self.budget.step_timeout_s is not None:
+                self.executor.step_timeout_s = self.budget.step_timeout_s
             self.executor.open(self.trainer, self.name, self.folder.checkpoints if self.folder is not None else None)
+            deadline = self._deadline()
             needed = self.controller.min_concurrency
             if self.executor.concurrency < needed:
                 raise ValueError(f"{type(self.controller).__name__} needs its {needed} members training side by side, "
@@ -71,11 +76,13 @@ class Engine(EngineState):
                 if not self.active and not self.outbox.waiting:
                     break
                 if self.failed_out() and self.active:
-                    for trial_id in list(self.active):  # left running: `nasplat resume` may continue them
-                        self.executor.stop(trial_id)
-                        self.active.discard(trial_id)
+                    self._leave_running()
                     continue
-                for event in self.executor.wait():
+                timeout = deadline - self.now() if deadline is not None and self.active else None
+                if timeout is not None and timeout <= 0:
+                    self._leave_running(after_deadline=True)
+                    continue
+                for event in self.executor.wait() if timeout is None else self.executor.wait(timeout=timeout):
                     self._handle(event)
                 if self.folder is not None and self.folder.sync():
                     self.book.delete_superseded()
@@ -85,6 +92,28 @@ class Engine(EngineState):
             raise ExperimentFailed(self.failure_summary())
         return self.result()
 
+    def _deadline(self) -> float | None:
+        """When (on `now`'s clock) the trials still running are stopped and left running in the record, for `nasplat
+        resume`: `budget.grace_s` (`step_timeout_s`, else 10% of the time budget, at least 10 s) after the time
+        budget, or after this run's start where that is later (a resume); None without a time budget or on a
+        simulated clock (`Executor.virtual_clock`: its steps take no wall time)."""
+        grace = self.budget.grace_s
+        if grace is None or self.budget.time_s is None or self.executor.virtual_clock:
+            return None
+        return max(self.budget.time_s, self.now()) + grace
+
+    def _leave_running(self, *, after_deadline: bool = False) -> None:
+        """Stop every running trial on the executor (a step in flight is abandoned) and leave it running in the
+        record: `nasplat resume` may continue it."""
+        stopped = sorted(self.active)
+        for trial_id in stopped:
+            self.executor.stop(trial_id)
+            self.active.discard(trial_id)
+        if after_deadline:
+            print(f"[nasplat {self.name}] time budget of {self.budget.time_s:g} s spent and its grace of "
+                  f"{self.budget.grace_s:g} s over: stopped the trials still running {stopped}, left resumable "
+                  "(nasplat resume continues them)", file=sys.stderr, flush=True)
+
     def _close(self) -> None:
         """Flush what may go out, release the folder and the executor, tell the listeners; each part runs even if
         an earlier one fails."""
@@ -92,6 +121,7 @@ class Engine(EngineState):
             self.outbox.forget()
             self._print_progress(final=True)
         finally:
+            self._report_lost_checkpoints()
             try:
                 if self.folder is not None:
                     self.folder.close()
@@ -236,20 +266,32 @@ class Engine(EngineState):
         self._print_progress()
 
     def _saved(self, checkpoint: Checkpoint) -> None:
-        """A requested checkpoint is durable (or failed): its row may go out, the trial's older one goes."""
-        self.outbox.saved((checkpoint.trial_id, checkpoint.step), checkpoint.uri)
+        """A requested checkpoint is durable (or failed): its row may go out, naming it relative to the experiment
+        folder, and the trial's older one goes. The first three failed writes are printed, the run's end counts
+        them all (`_report_lost_checkpoints`)."""
+        recorded = self.recorded_location(checkpoint.uri) if checkpoint.uri is not None else None
+        self.outbox.saved((checkpoint.trial_id, checkpoint.step), recorded)
         if checkpoint.uri is None:
-            if not (checkpoint.error or "").startswith("superseded"):  # a newer one of the trial took its turn
+            superseded = (checkpoint.error or "").startswith("superseded")  # a newer one of the trial took its turn
+            if not superseded and self.book.failed(checkpoint):
                 print(f"[nasplat {self.name}] checkpoint of trial {checkpoint.trial_id} at step {checkpoint.step} "
-                      f"failed: {console.last_line(checkpoint.error or '')}", file=sys.stderr, flush=True)
+                      f"failed: {console.last_line(checkpoint.error or '')}"
+                      + ("; further failures are counted at the end" if len(self.book.lost) == 3 else ""),
+                      file=sys.stderr, flush=True)
             return
         record = self.trials.get(checkpoint.trial_id)
         if record is None:
             return
         previous, record.checkpoint = record.checkpoint, checkpoint
-        self.book.replaced(previous, checkpoint)  # deleted once a synced row names its successor
+        self.book.replaced(previous, checkpoint, recorded)  # deleted once a synced row names its successor
         if self.policy is not None and record.status in (Status.COMPLETED, Status.STOPPED):
             self.book.prune(self.trials, self.controller.metric, self.controller.mode)
+
+    def _report_lost_checkpoints(self) -> None:
+        """At the run's end, one line on stderr if checkpoints could not be written: how many, the first error."""
+        summary = self.book.lost_summary()
+        if summary is not None:
+            print(f"[nasplat {self.name}] {summary}", file=sys.stderr, flush=True)
 
     # -- console ---------------------------------------------------------------------------------
     def progress_line(self) -> str:

@@ -1,4 +1,5 @@
-"""The engine's records: one trial's state, the search budget, and the error that ends a failing experiment."""
+"""The engine's records: one trial's state, the search budget (and the executors that can time a step), and the
+error that ends a failing experiment."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ from typing import Any
 
 from nasplat.core.checks import check_int, check_real
 from nasplat.core.rows import Status
+from nasplat.executors import EXECUTORS
+from nasplat.executors.base import Executor
 from nasplat.space import Config
 from nasplat.storage.checkpoints import Checkpoint
 
@@ -29,13 +32,19 @@ class TrialRecord:
     inherit: Any = None  # the parent's final state handle the trial starts from (evolution's inherit_weights)
 
 
+MIN_GRACE_S = 10.0
+"""The least grace running steps get after the time budget when `step_timeout_s` is not set (see `Budget.grace_s`)."""
+
+
 @dataclass
 class Budget:
-    """When to stop asking for trials: after `max_trials` trials and/or `time_s` seconds on the executor clock."""
+    """When to stop asking for trials: after `max_trials` trials and/or `time_s` seconds on the executor clock;
+    `step_timeout_s`: the longest one step may run (None: no limit), enforced by the executor."""
 
     max_trials: int | None = None
     time_s: float | None = None
     max_steps: int = 1
+    step_timeout_s: float | None = None
 
     def __post_init__(self) -> None:
         if self.max_trials is None and self.time_s is None:
@@ -43,6 +52,32 @@ class Budget:
         check_int("max_trials", self.max_trials, minimum=1, optional=True)
         check_real("time_budget_s", self.time_s, minimum=0, strict=True, optional=True)
         check_int("max_steps", self.max_steps, minimum=1)
+        check_real("step_timeout_s", self.step_timeout_s, minimum=0, strict=True, optional=True)
+
+    @property
+    def grace_s(self) -> float | None:
+        """How long steps still running when the time budget is spent may go on before their trials are stopped
+        (left resumable): `step_timeout_s` if set, else 10% of `time_s` and at least `MIN_GRACE_S`; None without
+        a time budget."""
+        if self.time_s is None:
+            return None
+        return self.step_timeout_s if self.step_timeout_s is not None else max(MIN_GRACE_S, 0.1 * self.time_s)
+
+
+def check_step_timeout(executor: Executor, step_timeout_s: float | None) -> None:
+    """Refuse `step_timeout_s` on an executor that cannot enforce it, in one line naming it and those that can."""
+    if step_timeout_s is None or executor.supports_step_timeout:
+        return
+    name = EXECUTORS.name_of(executor) or type(executor).__name__
+    able = []
+    for other in EXECUTORS:
+        try:
+            if EXECUTORS[other].supports_step_timeout:
+                able.append(other)
+        except ImportError:  # an executor whose package is missing (Ray) is left out
+            continue
+    raise ValueError(f"`step_timeout_s` needs an executor that can stop a running step, one of {able}; executor "
+                     f"{name!r} cannot, got step_timeout_s={step_timeout_s!r} (drop it, or change the executor)")
 
 
 class ExperimentFailed(RuntimeError):

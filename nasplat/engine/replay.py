@@ -3,26 +3,36 @@
 Controllers are deterministic given their seed and the sequence of calls, so handing a fresh controller the same
 `ask`s and results in the same order puts it back exactly where the killed driver left it, with nothing pickled.
 A trial that was running continues from its latest durable checkpoint: its rows after that step are dropped (they
-will be recorded again), and with no checkpoint it starts over. Replay only reads the rows and journal and calls the
-engine's own methods (`nasplat.engine.state.EngineState`): the engine's invariants live there.
+will be recorded again), and with no checkpoint it starts over. A checkpoint its rows name that is missing or
+incomplete in the folder being resumed (deleted, cut short, or left behind by a copy) does not count: the trial
+goes back to its previous complete one, or starts over, and a line says so. Replay only reads the rows and journal
+and calls the engine's own methods (`nasplat.engine.state.EngineState`): the engine's invariants live there.
 """
 
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from nasplat.controllers.base import Exploit, Result
 from nasplat.core.rows import RESERVED, Status
 from nasplat.engine.loop import Engine
+from nasplat.storage.checkpoints import Checkpoint
 
 
 def resume_engine(engine: Engine, rows: list[dict[str, Any]], journal: list[dict[str, Any]]) -> str:
     """Replay `rows` and `journal` (as read from the folder) into a fresh `engine`; rewrite the folder if rows were
     dropped. Returns one line saying what was kept."""
-    rows, journal, dropped = _cut_running(rows, journal)
+    rows, journal, dropped, found = _cut_running(rows, journal, engine.locate)
+    for trial_id, (checkpoint, missing) in sorted(found.items()):
+        if missing:
+            then = f"goes back to its checkpoint at step {checkpoint.step}" if checkpoint else "starts over"
+            earlier = f" (and {len(missing) - 1} earlier ones)" if len(missing) > 1 else ""
+            print(f"[nasplat {engine.name}] resume: trial {trial_id}'s checkpoint {missing[-1]} is missing or "
+                  f"incomplete{earlier}: it {then}", file=sys.stderr, flush=True)
     mismatches = _replay(engine, rows, journal)
-    engine.rewind_running()
+    engine.rewind_running({trial_id: checkpoint for trial_id, (checkpoint, _) in found.items()})
     engine.reopen_logs(rows, journal, rewrite=bool(dropped))
     ends = [row.get("end") or 0.0 for row in rows] + [entry.get("time") or 0.0 for entry in journal]
     engine.restore_clock(max(ends, default=0.0))
@@ -38,21 +48,38 @@ def resume_engine(engine: Engine, rows: list[dict[str, Any]], journal: list[dict
     return line
 
 
-def _cut_running(rows: list[dict[str, Any]], journal: list[dict[str, Any]]
-                 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], int]:
-    """Drop the rows a running trial recorded after its latest checkpointed row (failed attempts' rows stay)."""
+Found = dict[int, tuple[Checkpoint | None, list[str]]]  # trial -> (its checkpoint to go on from, those missing)
+
+
+def _cut_running(rows: list[dict[str, Any]], journal: list[dict[str, Any]], locate: Callable[[str], str | None]
+                 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], int, Found]:
+    """Drop the rows a running trial recorded after its latest checkpointed row whose checkpoint `locate` finds
+    complete (failed attempts' rows stay). Returns the rows and journal kept, how many rows went, and for each
+    running trial with checkpoints the one it goes on from (None: it starts over) and the missing ones after it."""
     last: dict[int, dict[str, Any]] = {}
-    cut: dict[int, int] = {}  # trial -> index of its last row with a checkpoint
+    checkpointed: dict[int, list[int]] = {}  # trial -> indices of its rows with a checkpoint
     for index, row in enumerate(rows):
         last[row["trial_id"]] = row
         if row.get("checkpoint"):
-            cut[row["trial_id"]] = index
+            checkpointed.setdefault(row["trial_id"], []).append(index)
     last_index = {row["trial_id"]: index for index, row in enumerate(rows)}
     resumed_late = {entry["resume"] for entry in journal if "resume" in entry
                     and int(entry.get("rows") or 0) > last_index.get(entry["resume"], -1)}
     asked = [entry["ask"] for entry in journal if "ask" in entry]
     running = {t for t in asked if t not in last or last[t].get("status") in (Status.RUNNING, Status.RETRIED)
                or (last[t].get("status") == Status.PAUSED and t in resumed_late)}
+    cut: dict[int, int] = {}  # running trial -> index of its last row with a complete checkpoint
+    found: Found = {}
+    for trial_id in sorted(running & set(checkpointed)):
+        missing: list[str] = []
+        found[trial_id] = (None, missing)
+        for index in reversed(checkpointed[trial_id]):
+            row = rows[index]
+            uri = locate(row["checkpoint"])
+            if uri is not None:
+                cut[trial_id], found[trial_id] = index, (Checkpoint(trial_id, row["step"], uri), missing)
+                break
+            missing.insert(0, f"at step {row['step']} ({row['checkpoint']})")
     keep = [not (row["trial_id"] in running and index > cut.get(row["trial_id"], -1)
                  and row.get("status") != Status.RETRIED) for index, row in enumerate(rows)]
     kept_before = [0]
@@ -63,7 +90,7 @@ def _cut_running(rows: list[dict[str, Any]], journal: list[dict[str, Any]]
         position = min(int(entry.get("rows") or 0), len(rows))
         remapped.append({**entry, "rows": kept_before[position]})
     kept = [row for row, flag in zip(rows, keep) if flag]
-    return kept, remapped, len(rows) - len(kept)
+    return kept, remapped, len(rows) - len(kept), found
 
 
 def _replay(engine: Engine, rows: list[dict[str, Any]], journal: list[dict[str, Any]]) -> int:

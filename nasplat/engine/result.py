@@ -11,8 +11,8 @@ from nasplat.core import pareto
 from nasplat.core.pareto import better
 from nasplat.core.rows import RESERVED, Status
 from nasplat.core.trees import flatten
-from nasplat.storage import CHECKPOINTS, META_FILE, ROWS_FILE, Storage, is_uri, local_copy, read_json, read_rows
-from nasplat.storage.checkpoints import MANIFEST_FILE, Checkpoint, checkpoint_name, load_checkpoint
+from nasplat.storage import META_FILE, ROWS_FILE, Storage, is_uri, local_copy, read_json, read_rows
+from nasplat.storage.checkpoints import Checkpoint, checkpoint_locations, is_complete, load_checkpoint
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -21,7 +21,9 @@ if TYPE_CHECKING:
 
 @dataclass
 class ExperimentResult:
-    """The rows of a finished (or loaded) experiment, and its best trial by `metric`."""
+    """The rows of a finished (or loaded) experiment, and its best trial by `metric`. `path` is the local folder
+    (the working copy, for a URI), `location` the experiment's own (the URI, for one; default: `path`): what to
+    show the user, and what the rows' checkpoint locations are relative to."""
 
     rows: list[dict[str, Any]]
     metric: str
@@ -31,8 +33,11 @@ class ExperimentResult:
     metrics: tuple[str, ...] = ()  # every objective, `metric` first (default: `metric` alone)
     modes: tuple[str, ...] = ()  # one per objective (default: `mode`)
     constraints: tuple[pareto.Constraint, ...] = ()
+    location: str | None = None
 
     def __post_init__(self) -> None:
+        if self.location is None and self.path is not None:
+            self.location = str(Path(self.path).resolve())
         self.metrics = tuple(self.metrics) or ((self.metric,) if self.metric else ())
         self.modes = tuple(self.modes) or (self.mode,) * len(self.metrics)
         self.constraints = pareto.parse_constraints(self.constraints)
@@ -40,8 +45,10 @@ class ExperimentResult:
     @classmethod
     def load(cls, folder: str | Path) -> ExperimentResult:
         """Read an experiment folder written by `nasplat.run(storage=...)`."""
+        location = None
         if is_uri(folder):
-            Storage(folder).download(local := local_copy(str(folder)))
+            location = str(folder).rstrip("/")
+            Storage(location).download(local := local_copy(location))
             folder = local
         folder = Path(folder)
         if not (folder / ROWS_FILE).exists():
@@ -50,7 +57,7 @@ class ExperimentResult:
         metrics, modes = meta.get("metric", ""), meta.get("mode", "max")  # lists for several objectives
         metrics, modes = (metrics, modes) if isinstance(metrics, list) else ([metrics] if metrics else [], [modes])
         return cls(read_rows(folder / ROWS_FILE), metrics[0] if metrics else "", modes[0], folder,
-                   metrics=tuple(metrics), modes=tuple(modes), constraints=meta.get("constraints"))
+                   metrics=tuple(metrics), modes=tuple(modes), constraints=meta.get("constraints"), location=location)
 
     def pareto_front(self) -> list[dict[str, Any]]:
         """Each trial's latest successful row on the Pareto front of `metrics`, best first by `metric`: the
@@ -113,7 +120,8 @@ class ExperimentResult:
 
     def find_checkpoint(self, trial_id: int | None = None, step: int | None = None) -> Checkpoint:
         """The latest checkpoint of trial `trial_id` (default: the best trial) at or before `step` (default: any)
-        that is still in storage; raises `LookupError` naming what was looked for if there is none."""
+        that is still in storage, complete, and looked up in this folder first (`checkpoint_locations`: a copied
+        folder reads its own); raises `LookupError` naming what was looked for if there is none."""
         if trial_id is None:
             if self.best is None:
                 raise LookupError("no trial reported a finite metric, so there is no best trial to load")
@@ -121,18 +129,13 @@ class ExperimentResult:
         recorded = sorted({(row["step"], row["checkpoint"]) for row in self.rows if row.get("trial_id") == trial_id
                            and row.get("checkpoint") and (step is None or row["step"] <= step)}, reverse=True)
         for found_step, uri in recorded:
-            for location in self._locations(trial_id, found_step, uri):
-                if _complete(location):
+            for location in checkpoint_locations(self.location, uri):
+                if is_complete(location):
                     return Checkpoint(trial_id, found_step, location)
         where = f"at or before step {step}" if step is not None else "at any step"
         raise LookupError(f"trial {trial_id} has no checkpoint {where} in storage (rows name "
                           f"{len(recorded)}; the rest were never written or deleted by `keep_best`); run with "
                           "`checkpoint:` set to keep trained states")
-
-    def _locations(self, trial_id: int, step: int, uri: str) -> list[str]:
-        """Where a recorded checkpoint may be: as recorded, or beside this copy of the folder (moved, downloaded)."""
-        beside = [str(self.path / CHECKPOINTS / checkpoint_name(trial_id, step))] if self.path is not None else []
-        return [uri, *[b for b in beside if b != uri]]
 
     def load_state(self, trial_id: int | None = None, step: int | None = None) -> Any:
         """The trainer state (`state_dict`) of trial `trial_id` (default: the best) from its latest checkpoint at
@@ -149,11 +152,3 @@ class ExperimentResult:
         for status in self.final_status().values():
             out[status] = out.get(status, 0) + 1
         return out
-
-
-def _complete(location: str) -> bool:
-    """Whether a complete checkpoint lies at `location` (an unreachable one counts as absent)."""
-    try:
-        return Storage(location).exists(MANIFEST_FILE)
-    except (OSError, ValueError):
-        return False

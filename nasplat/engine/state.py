@@ -7,6 +7,7 @@ journal read back from the folder. Both go through the methods here only, so the
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,7 @@ from nasplat.engine.outbox import Outbox
 from nasplat.engine.records import Budget, TrialRecord
 from nasplat.engine.result import ExperimentResult
 from nasplat.storage import ExperimentFolder
-from nasplat.storage.checkpoints import Checkpoint
+from nasplat.storage.checkpoints import Checkpoint, checkpoint_locations, locate_checkpoint, relative_location
 
 
 class EngineState:
@@ -45,6 +46,21 @@ class EngineState:
     def path(self) -> Path | None:
         """The local experiment folder (the working copy, for a URI), or None without storage."""
         return self.folder.path if self.folder is not None else None
+
+    @property
+    def home(self) -> str | None:
+        """The experiment folder's own location (its URI, for one), which rows' checkpoint locations are relative
+        to; None without storage."""
+        return self.folder.home if self.folder is not None else None
+
+    def recorded_location(self, uri: str) -> str:
+        """A durable checkpoint's location as its row records it: relative to the experiment folder."""
+        return relative_location(self.home, uri) if self.home is not None else uri
+
+    def locate(self, recorded: str) -> str | None:
+        """Where the checkpoint a row records lies complete in this folder (beside it first, for a location from
+        before they were relative), or None where it is missing or incomplete; without a folder, as recorded."""
+        return locate_checkpoint(self.home, recorded) if self.home is not None else recorded
 
     def running(self) -> list[TrialRecord]:
         """The running trials' records, by trial id."""
@@ -140,14 +156,16 @@ class EngineState:
         """The rows so far, ranked by the controller's objectives and constraints."""
         c = self.controller
         return ExperimentResult(list(self.rows), c.metric, c.mode, self.path, dict(self.trials), metrics=c.metrics,
-                                modes=c.modes, constraints=c.constraints)
+                                modes=c.modes, constraints=c.constraints, location=self.home)
 
     # -- resuming: what `nasplat.engine.replay` does to the state ------------------------------------
     def replayed(self, row: dict[str, Any]) -> None:
         """Take `row`, read back from the folder, as recorded: the best so far, and the checkpoint it names (if any) as
-        its trial's latest. It is not written again, and no listener is told."""
+        its trial's latest, inside this folder (`checkpoint_locations`; a running trial's is looked up by
+        `rewind_running`). It is not written again, and no listener is told."""
         if row.get("checkpoint"):
-            self.trials[row["trial_id"]].checkpoint = Checkpoint(row["trial_id"], row["step"], row["checkpoint"])
+            uri = checkpoint_locations(self.home, row["checkpoint"])[0]
+            self.trials[row["trial_id"]].checkpoint = Checkpoint(row["trial_id"], row["step"], uri)
         self.outbox.replayed(row)
         self.note_best(row)
 
@@ -155,10 +173,13 @@ class EngineState:
         """The trial is on its `attempt`-th attempt (0 first; each retry adds one)."""
         self.trials[trial_id].attempt = attempt
 
-    def rewind_running(self) -> None:
+    def rewind_running(self, checkpoints: Mapping[int, Checkpoint | None] | None = None) -> None:
         """Put each running trial back at its latest durable checkpoint's step (0 without one: it starts over), with
-        no in-memory state to go on from: where a resumed run continues it."""
+        no in-memory state to go on from: where a resumed run continues it. `checkpoints` gives the checkpoint
+        found complete for some of them (None: none is), in place of the one their rows name."""
         for record in self.running():
+            if checkpoints is not None and record.trial_id in checkpoints:
+                record.checkpoint = checkpoints[record.trial_id]
             record.step = record.checkpoint.step if record.checkpoint is not None else 0
             record.restart = None
 

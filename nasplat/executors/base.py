@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from nasplat.space import Config
 from nasplat.storage.checkpoints import Checkpoint
@@ -33,6 +33,15 @@ class Executor(ABC):
     kept: dict[int, Any]  # trial id -> final state handle (see `stop`)
     ray_dashboard: bool = False
     """Whether the run's progress is mirrored into Ray dashboard gauges: the executor runs on Ray."""
+    supports_step_timeout: ClassVar[bool] = False
+    """Whether the executor enforces `step_timeout_s`: a step running longer is ended and reported as failed."""
+    step_timeout_s: float | None = None
+    """The longest a step may run, in seconds (None: no limit); set by the engine before `open`, only on an
+    executor that `supports_step_timeout`. A step that runs longer is killed and reported as a `StepEvent` whose
+    error says "step timed out after N s (step_timeout_s=N)"."""
+    virtual_clock: ClassVar[bool] = False
+    """Whether `now` is a simulated clock (no step takes wall time): the engine then puts no deadline on running
+    steps after the time budget (see `nasplat.engine.loop.Engine`)."""
 
     @abstractmethod
     def open(self, trainer: type, experiment: str, checkpoints: Any = None) -> None:
@@ -88,9 +97,10 @@ class Executor(ABC):
             del self.kept[trial_id]
 
     @abstractmethod
-    def wait(self) -> list[StepEvent]:
+    def wait(self, timeout: float | None = None) -> list[StepEvent]:
         """Block until at least one started step or requested save finishes; return every finished one. Every save
-        requested is reported once, durable or failed."""
+        requested is reported once, durable or failed. With `timeout`, return [] when nothing finished within that
+        many seconds (an executor that runs steps in this thread may run one ready step regardless)."""
 
     def close(self) -> None:
         """Release everything."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import pickle
 import socket
 import time
 import traceback
@@ -21,7 +22,8 @@ from nasplat.trainer import WorkerContext
 
 class LocalExecutor(Executor):
     """Runs trials in this process, one step at a time, interleaving up to `concurrency` trials. Checkpoints are
-    written by one writer thread while the next steps run."""
+    written by one writer thread while the next steps run. A step runs in this thread and cannot be interrupted:
+    `step_timeout_s` is not supported (use `processes` or `ray`)."""
 
     background_writes = True
 
@@ -144,10 +146,15 @@ class LocalExecutor(Executor):
                 metrics = self.hosts[trial_id].step()
             except Exception:
                 error = traceback.format_exc()
+            else:
+                error = unpicklable(metrics)
+                metrics = None if error is not None else metrics
         saved = self._saved(trial_id, wait=error is not None)  # a failed attempt reports all it saved
         return StepEvent(trial_id, metrics, error, begin, self.now(), self.node, self.pid, saved)
 
-    def wait(self) -> list[StepEvent]:
+    def wait(self, timeout: float | None = None) -> list[StepEvent]:
+        """Run the next queued step (or report an ended trial's saves) and return its event; a step is always
+        ready to run here, so `timeout` changes nothing."""
         if not self.queue:
             raise RuntimeError("wait() called with no step running")
         kind, trial_id = self.queue.popleft()
@@ -156,3 +163,15 @@ class LocalExecutor(Executor):
             return [StepEvent(trial_id, None, None, now, now, self.node, self.pid,
                               self._saved(trial_id, wait=True))]
         return [self.run_step(trial_id)]
+
+
+def unpicklable(metrics: Any) -> str | None:
+    """The step's error where its metrics cannot be pickled, else None. `processes` and `ray` send them from a
+    worker process, so they must pickle in-process too: such a step fails with the same error as on `processes`,
+    and is retried like any failed step (`max_failures`)."""
+    try:
+        pickle.dumps(metrics, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception as exc:  # noqa: BLE001 - whatever pickling raises is the step's error
+        return (f"the step's metrics cannot be pickled, so on `processes` they could not be sent from the worker "
+                f"process: {type(exc).__name__}: {exc}")
+    return None

@@ -1,8 +1,10 @@
 """The messages between the `processes` executor's driver and its workers, pickled over one pipe per worker.
 
-The driver sends a worker the calls on its trials (`Launch`, `Step`, `Adopt`, `Stop`), the questions it waits on
-(`ExploitState`, `Keep`, `Give`: the worker answers each with one `Reply`) and `Close`. A worker sends back step
-events (`Event`), the snapshots its steps took (`Snapshot`), replies, and `Crash` where its loop broke.
+The driver sends a worker the calls on its trials (`Launch`, `Step`, `Adopt`, `Stop`; `Relaunch` for a trial whose
+worker died), the questions it waits on (`ExploitState`, `Keep`, `Give`: the worker answers each with one `Reply`,
+in order) and `Close`. A worker sends back step events (`Event`), the snapshots its steps took (`Snapshot`),
+replies, and `Crash` where its loop broke. What a worker runs at each moment is not a message: it is written in
+shared memory (`nasplat.executors.process_child.ActivitySlot`).
 """
 
 from __future__ import annotations
@@ -81,11 +83,27 @@ class Give:
 
 
 @dataclass(frozen=True)
+class Relaunch:
+    """Host again a trial whose worker died while it waited (not charged to it): build it from `state` (the newest
+    state the driver holds, loaded whole or with `inherit`, as `Launch` does, without queueing a step), run `replay`
+    steps without reporting them (the steps the trial made since that state, so that it stands where the engine
+    left it), then handle `then` (the step it still owes the engine), if any."""
+
+    trial_id: int
+    config: Config
+    seed: int
+    state: Any
+    inherit: bool
+    replay: int
+    then: Step | None = None
+
+
+@dataclass(frozen=True)
 class Close:
     """End the worker's loop."""
 
 
-Request = Launch | Step | Adopt | Stop | ExploitState | Keep | Give | Close
+Request = Launch | Step | Adopt | Stop | ExploitState | Keep | Give | Relaunch | Close
 ASKS = (ExploitState, Keep, Give)  # the requests the driver waits on: the worker sends one `Reply` to each
 
 # -- worker to driver ---------------------------------------------------------------------------------------------

@@ -1,4 +1,9 @@
-"""The worker side of the `processes` executor: the loop each forked worker runs around a `LocalExecutor`."""
+"""The worker side of the `processes` executor: the loop each forked worker runs around a `LocalExecutor`.
+
+A worker reads every request that has come, then runs one queued step, and so on: it runs one piece of user code
+at a time (a setup, a step, a state copy), each written into its `ActivitySlot` while it runs, so that the driver
+can time it out and, if the worker dies, charge that trial alone.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +12,7 @@ import queue
 import sys
 import threading
 import traceback
+from collections.abc import Callable, Iterable
 from dataclasses import replace
 from multiprocessing.connection import Connection
 from typing import Any
@@ -24,24 +30,32 @@ from nasplat.executors.messages import (
     Keep,
     Launch,
     Message,
+    Relaunch,
     Reply,
     Request,
     Snapshot,
     Step,
     Stop,
 )
+from nasplat.executors.process_child import COPY, EXPLOIT, REPLAY, SETUP, STEP, ActivitySlot, detach
 from nasplat.storage import Storage
 
 
-def serve(conn: Connection, trainer_cls: type, checkpoints: Storage | None, t0: float, threads: int) -> None:
-    """A worker's loop: read every message that has come, then run one queued step and send its event."""
+def serve(conn: Connection, trainer_cls: type, checkpoints: Storage | None, t0: float, threads: int,
+          slot: ActivitySlot, driver_pid: int, inherited: Iterable[int] = ()) -> None:
+    """A worker's loop: read every message that has come, then run one queued step and send its event. It ends on
+    `Close`, or at end of file (the driver is gone); it dies with the driver in any case (`detach`)."""
+    detach(driver_pid, conn.fileno(), inherited)
     if "torch" in sys.modules:
         sys.modules["torch"].set_num_threads(threads)
     outgoing: queue.SimpleQueue[Message | None] = queue.SimpleQueue()  # a sender thread: replies never block reading
 
     def send() -> None:
         while (message := outgoing.get()) is not None:
-            conn.send_bytes(_dumps(message))
+            try:
+                conn.send_bytes(_dumps(message))
+            except OSError:  # the driver is gone
+                return
 
     sender = threading.Thread(target=send, name="nasplat-worker-sender", daemon=True)
     sender.start()
@@ -49,31 +63,88 @@ def serve(conn: Connection, trainer_cls: type, checkpoints: Storage | None, t0: 
     try:
         local.open(trainer_cls, "worker", checkpoints)
         local.t0 = t0
+        setups: dict[int, float] = {}  # trial id -> how long its launch's setup took (its first step's clock)
         while True:
             while not local.queue or conn.poll():
                 request: Request = pickle.loads(conn.recv_bytes())
                 if isinstance(request, Close):
                     return
-                if isinstance(request, ASKS):
-                    try:
-                        reply = _handle(local, request)
-                    except Exception:  # e.g. a trainer without `state_dict`: the receiver loads the fallback
-                        reply = None
-                    outgoing.put(Reply(reply))
-                else:
-                    _handle(local, request)
-                if isinstance(request, Step) and request.snapshot:  # the driver holds snapshots, as on Ray
-                    outgoing.put(Snapshot(request.trial_id, local.snapshots.pop(request.trial_id, None)))
-            for event in local.wait():
+                begin = local.now()
+                _serve_request(local, request, slot, outgoing.put)
+                if isinstance(request, Launch):
+                    setups[request.trial_id] = local.now() - begin
+            kind, trial_id = local.queue[0]  # the item `wait` runs
+            if kind == "step":  # a launch's setup and first step count as one step (waiting in between does not)
+                now = local.now()
+                slot.enter(trial_id, STEP, now - setups.pop(trial_id, 0.0))
+            events = local.wait()
+            slot.leave()
+            for event in events:
                 outgoing.put(Event(event))
     except (EOFError, KeyboardInterrupt):
         return
-    except BaseException:
+    except BaseException:  # the slot still names the trial whose code broke the loop (a `sys.exit` in a step)
         outgoing.put(Crash(traceback.format_exc()))
     finally:
         local.close()
         outgoing.put(None)
         sender.join(timeout=30)
+
+
+def _serve_request(local: LocalExecutor, request: Request, slot: ActivitySlot, put: Callable[[Message], None]) -> None:
+    """Handle one request, its user code marked in `slot`; put its reply (or the snapshot it took) to be sent."""
+    activity = _activity(request)
+    if activity is not None:
+        slot.enter(request.trial_id, activity, local.now())  # type: ignore[union-attr]
+    if isinstance(request, ASKS):
+        try:
+            reply = _handle(local, request, slot)
+        except Exception:  # e.g. a trainer without `state_dict`: the receiver loads the fallback
+            reply = None
+        put(Reply(reply))
+    elif isinstance(request, Relaunch):
+        _relaunch(local, request, slot, put)
+    else:
+        _handle(local, request, slot)
+    slot.leave()
+    then = request.then if isinstance(request, Relaunch) else request
+    if isinstance(then, Step) and then.snapshot:  # the driver holds snapshots, as on Ray
+        put(Snapshot(then.trial_id, local.snapshots.pop(then.trial_id, None)))
+
+
+def _activity(request: Request) -> int | None:
+    """Which user code handling `request` runs (an `ActivitySlot` code), or None where it runs none."""
+    if isinstance(request, Launch | Relaunch):
+        return SETUP
+    if isinstance(request, Adopt):
+        return EXPLOIT
+    if isinstance(request, Keep | ExploitState) or isinstance(request, Step | Stop) and request.save is not None \
+            or isinstance(request, Step) and request.snapshot:
+        return COPY
+    return None
+
+
+def _relaunch(local: LocalExecutor, request: Relaunch, slot: ActivitySlot, put: Callable[[Message], None]) -> None:
+    """Build the trial from the driver's state, replay the steps it had made since then (their events dropped, a
+    failure kept as the error of its next step), then handle the step it owes."""
+    trial_id = request.trial_id
+    local.launch(trial_id, request.config, request.seed, request.state, request.inherit)
+    local.queue.remove(("step", trial_id))  # `launch` queued its step: the replay and `then` decide what runs
+    for index in range(request.replay):
+        if trial_id in local.failed_setup:
+            break
+        slot.enter(trial_id, REPLAY, local.now())
+        event = local.run_step(trial_id)
+        if event.error is not None:
+            local.failed_setup[trial_id] = (f"replaying step {index + 1} of {request.replay} to relaunch the trial "
+                                            f"after its worker process died failed:\n{event.error}")
+        if event.saved:
+            put(Event(replace(event, metrics=None, error=None)))
+    if request.then is not None:
+        activity = _activity(request.then)
+        if activity is not None:
+            slot.enter(trial_id, activity, local.now())
+        _handle(local, request.then, slot)
 
 
 def _dumps(message: Message) -> bytes:
@@ -92,7 +163,7 @@ def _dumps(message: Message) -> bytes:
         return pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
 
 
-def _handle(local: LocalExecutor, request: Request) -> Any:
+def _handle(local: LocalExecutor, request: Request, slot: ActivitySlot) -> Any:
     """Apply one driver request to the worker's `LocalExecutor`; the reply where the driver waits for one."""
     if isinstance(request, Launch):
         local.launch(request.trial_id, request.config, request.seed, request.state, request.inherit)
@@ -108,13 +179,13 @@ def _handle(local: LocalExecutor, request: Request) -> Any:
         local.stop(request.trial_id, keep_state=True, save=request.save)
         return local.take_kept(request.trial_id)
     elif isinstance(request, Give):
-        return _give(local, request.candidates)
+        return _give(local, request.candidates, slot)
     else:
         raise TypeError(f"unknown request {request!r}")
     return None
 
 
-def _give(local: LocalExecutor, candidates: tuple[int, ...]) -> Given | None:
+def _give(local: LocalExecutor, candidates: tuple[int, ...], slot: ActivitySlot) -> Given | None:
     """Hand over the candidate whose queued step would run last here (its config, seed and a copy of its state), the
     trial stopped here without its step; None where no candidate waits here with a state that can be copied."""
     for index in range(len(local.queue) - 1, -1, -1):
@@ -123,10 +194,13 @@ def _give(local: LocalExecutor, candidates: tuple[int, ...]) -> Given | None:
         if kind != "step" or trial_id not in candidates or host is None or host.trainer is None \
                 or trial_id in local.failed_setup or local.saves.owes(trial_id):
             continue
+        slot.enter(trial_id, COPY, local.now())
         try:
             state = host.copy()
         except Exception:  # e.g. a trainer without `state_dict`: it stays
             continue
+        finally:
+            slot.leave()
         del local.queue[index]
         local.stop(trial_id)
         return Given(trial_id, host.config, host.trainer.ctx.seed, state)

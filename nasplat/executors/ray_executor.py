@@ -31,6 +31,7 @@ class _Slot:
     healthy: bool = True
     snapshot: ray.ObjectRef | None = None  # the running trial's latest state snapshot
     finishing: int = 0  # calls in flight that report an ended trial's saves (an idle gang still busy writing)
+    up: float | None = None  # when (executor clock) its actors were seen up: a step is timed from then on
 
 
 @dataclass
@@ -42,6 +43,7 @@ class _Call:
     start: float
     slot: _Slot
     saves_only: bool = False
+    deadline: float | None = None  # when its step times out (executor clock; counted once its gang is up and free)
 
 
 class RayExecutor(Executor):
@@ -51,10 +53,14 @@ class RayExecutor(Executor):
     unless it is already initialised, `address` is given or `RAY_ADDRESS` is set (then it attaches).
     A gang whose trial ended goes back to the pool and serves the next trial; one that failed is replaced.
     Idle gangs are released when no step finishes within `idle_release_s`, so gangs waiting for resources can start.
+    With `step_timeout_s`, a step call (a launch's setup and first step, a step, an exploit) that runs longer,
+    counted from when its gang is up and done with the previous trial's saves, has the gang's actors killed and is
+    reported as a failed step ("step timed out after N s"); the trial's next attempt gets a new gang.
     """
 
     idle_release_s = 1.0
     ray_dashboard = True
+    supports_step_timeout = True
 
     def __init__(self, concurrency: int | None = None, *, cpus_per_trial: float = 1.0, gpus_per_trial: float = 0.0,
                  workers: int = 1, backend: str = "allreduce", strategy: str = "PACK",
@@ -100,6 +106,7 @@ class RayExecutor(Executor):
             self.idle.append(self._new_slot())
         for slot in self.idle:
             slot.gang.ready()
+            slot.up = self.now() if slot.up is None else slot.up
 
     def now(self) -> float:
         return time.perf_counter() - self.t0
@@ -108,9 +115,6 @@ class RayExecutor(Executor):
         for slot in self.idle + list(self.busy.values()):
             slot.gang.kill()
         self.idle, self.busy, self.inflight, self.kept, self.lost = [], {}, {}, {}, []
-
-    def _slot(self) -> _Slot:
-        return self.idle.pop() if self.idle else self._new_slot()
 
     def _new_slot(self) -> _Slot:
         label = f"nasplat/{self.experiment}/gang-{self.gangs_started}"
@@ -121,7 +125,7 @@ class RayExecutor(Executor):
     # -- trials ------------------------------------------------------------------------------------
     def launch(self, trial_id: int, config: Config, seed: int, state: Any = None, inherit: bool = False) -> None:
         """`state` may be a handle (an ObjectRef) or a durable `Checkpoint`, which the workers read themselves."""
-        slot = self._slot()
+        slot = self.idle.pop() if self.idle else self._new_slot()
         slot.snapshot = None
         self.busy[trial_id] = slot
         self._track(trial_id, slot, slot.gang.launch(trial_id, config, seed, state, inherit))
@@ -148,19 +152,21 @@ class RayExecutor(Executor):
         return state
 
     def stop(self, trial_id: int, keep_state: bool = False, save: int | None = None) -> None:
+        """End the trial; one whose step is still running (the run gave up waiting for it) loses its gang."""
         slot = self.busy.pop(trial_id, None)
         if slot is None:
             return
-        if keep_state and slot.healthy:  # queued before the gang's next trial, so it reads this trial's state
+        running = any(c.slot is slot and not c.saves_only for c in self.inflight.values())
+        if keep_state and slot.healthy and not running:  # queued before the gang's next trial: this trial's state
             self.kept[trial_id] = slot.gang.state()
-        if slot.healthy:
-            self._request(trial_id, save)
+        self._request(trial_id, save)
+        if running:
+            self._abandon(slot, "the trial was stopped while its step ran")
+        elif slot.healthy:
             if self.saves.owes(trial_id):  # tracked like a step: `wait` reports these saves once written
                 self._finish(trial_id, slot, save)
             self.idle.append(slot)
         else:
-            if save is not None:
-                self._request(trial_id, save)
             self._lose_saves(trial_id, "the trial's worker failed before it confirmed the write", slot)
             slot.gang.kill()
 
@@ -177,33 +183,79 @@ class RayExecutor(Executor):
 
     def _lose_saves(self, trial_id: int, reason: str, slot: _Slot) -> None:
         """Report the trial's unconfirmed saves as failed (their worker is gone; a manifest may still exist)."""
-        lost = self.saves.lose(trial_id, reason)
-        if lost:
-            now = self.now()
-            self.lost.append(StepEvent(trial_id, None, None, now, now, slot.node, slot.pid, lost))
+        if lost := self.saves.lose(trial_id, reason):
+            self.lost.append(StepEvent(trial_id, None, None, now := self.now(), now, slot.node, slot.pid, lost))
 
     def _track(self, trial_id: int, slot: _Slot, refs: list[ray.ObjectRef]) -> None:
-        self.inflight[refs[0]] = _Call(trial_id, refs, self.now(), slot)
+        call = self.inflight[refs[0]] = _Call(trial_id, refs, self.now(), slot)
+        if self.step_timeout_s is not None and slot.up is not None and not slot.finishing:
+            call.deadline = call.start + self.step_timeout_s
 
-    def wait(self) -> list[StepEvent]:
-        if self.lost:
-            lost, self.lost = self.lost, []
-            return lost
-        if not self.inflight:
+    def wait(self, timeout: float | None = None) -> list[StepEvent]:
+        """Every call finished (at least one), the steps past `step_timeout_s` as failed, or [] after `timeout`."""
+        if not self.lost and not self.inflight:
             raise RuntimeError("wait() called with no step running")
-        pending = list(self.inflight)
-        ready, _ = ray.wait(pending, num_returns=1, timeout=self.idle_release_s if self.idle else None)
-        if not ready:  # idle gangs may hold the CPUs a waiting gang needs (a retry after a lost node, oversubscription)
-            for slot in self.idle:
-                if not slot.finishing:  # one still writing an ended trial's checkpoints goes back later
-                    slot.gang.kill()
-            self.idle = [slot for slot in self.idle if slot.finishing]
-            ready, _ = ray.wait(pending, num_returns=1)
-        more, _ = ray.wait(pending, num_returns=len(pending), timeout=0)
-        events = [self._collect(ref) for ref in dict.fromkeys(ready + more)]
-        events += self.lost
-        self.lost = []
-        return events
+        begin, released = self.now(), not self.idle  # idle gangs go once nothing finished within `idle_release_s`
+        while not self.lost:
+            probes = self._start_clocks()
+            ends = {ref: call.deadline for ref, call in self.inflight.items() if call.deadline is not None}
+            if expired := [ref for ref, end in ends.items() if self.now() >= end]:
+                return [self._time_out(ref) for ref in expired] + self._take_lost()
+            limits = [*ends.values(), *([] if timeout is None else [begin + timeout]),
+                      *([] if released else [begin + self.idle_release_s])]
+            pending = list(self.inflight)
+            ready, _ = ray.wait(pending + probes, num_returns=1,
+                                timeout=max(0.0, min(limits) - self.now()) if limits else None)
+            if any(ref in self.inflight for ref in ready):
+                more, _ = ray.wait(pending, num_returns=len(pending), timeout=0)
+                events = [self._collect(ref) for ref in dict.fromkeys(ready + more) if ref in self.inflight]
+                return events + self._take_lost()
+            if not released and self.now() - begin >= self.idle_release_s:
+                # idle gangs may hold the CPUs a waiting gang needs (a retry after a lost node, oversubscription)
+                for slot in self.idle:
+                    if not slot.finishing:  # one still writing an ended trial's checkpoints goes back later
+                        slot.gang.kill()
+                self.idle, released = [slot for slot in self.idle if slot.finishing], True
+            if timeout is not None and self.now() - begin >= timeout:
+                break
+        return self._take_lost()
+
+    def _take_lost(self) -> list[StepEvent]:
+        lost, self.lost = self.lost, []  # saves that died with their worker
+        return lost
+
+    # -- step timeouts -----------------------------------------------------------------------------
+    def _start_clocks(self) -> list[ray.ObjectRef]:
+        """Start the timeout of each step whose gang is up (its actors answered) and free of earlier saves; returns
+        the `info` calls of the gangs not seen up yet, for `wait` to watch."""
+        probes: list[ray.ObjectRef] = []
+        for call in self.inflight.values():
+            slot = call.slot
+            if self.step_timeout_s is None or call.saves_only or call.deadline is not None:
+                continue
+            if slot.up is None and slot.info is not None and not ray.wait([slot.info], timeout=0)[0]:
+                probes.append(slot.info)
+            elif not slot.finishing:
+                slot.up = self.now() if slot.up is None else slot.up
+                call.deadline = self.now() + self.step_timeout_s
+        return list(dict.fromkeys(probes))
+
+    def _time_out(self, ref: ray.ObjectRef) -> StepEvent:
+        """The step `ref` ran past `step_timeout_s`: kill its gang, report it failed with its lost saves."""
+        call, limit = self.inflight[ref], self.step_timeout_s
+        self._abandon(call.slot, reason := f"the trial's step timed out after {limit:g} s", keep=call.trial_id)
+        return StepEvent(call.trial_id, None, f"step timed out after {limit:g} s (step_timeout_s={limit:g}): its "
+                         "gang's actors were killed", call.start, self.now(), call.slot.node, call.slot.pid,
+                         self.saves.lose(call.trial_id, reason))
+
+    def _abandon(self, slot: _Slot, reason: str, keep: int | None = None) -> None:
+        """Kill `slot`'s gang with its calls in flight; their trials' saves are lost (reported by the next `wait`),
+        but those of trial `keep`, which the caller reports."""
+        for ref in [r for r, c in self.inflight.items() if c.slot is slot]:
+            if (trial_id := self.inflight.pop(ref).trial_id) != keep:
+                self._lose_saves(trial_id, reason, slot)
+        slot.finishing, slot.healthy = 0, False
+        slot.gang.kill()
 
     def _collect(self, ref: ray.ObjectRef) -> StepEvent:
         call = self.inflight.pop(ref)
@@ -233,6 +285,7 @@ class RayExecutor(Executor):
             except Exception:
                 pass
             slot.info = None
+            slot.up = self.now() if slot.up is None else slot.up
         return StepEvent(call.trial_id, metrics, error, call.start, self.now(), slot.node, slot.pid,
                          self.saves.report(saved))
 

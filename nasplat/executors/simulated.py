@@ -19,10 +19,12 @@ class SimulatedExecutor(LocalExecutor):
     of finishing time (ties: in dispatch order), so asynchrony is modelled exactly and deterministically. A state
     read at time t (a PBT exploit of a trial whose step is running, a pause) is the state as of that trial's last
     step finished by t: the state a trial had when its running step was dispatched is kept until the step ends.
-    Checkpoints are written at once, in this thread.
+    Checkpoints are written at once, in this thread. The clock is simulated (`virtual_clock`): no wall-clock
+    deadline applies, and `step_timeout_s` is not supported.
     """
 
     background_writes = False
+    virtual_clock = True
 
     def __init__(self, concurrency: int = 1, *, cost_key: str = "time_cost") -> None:
         super().__init__(concurrency)
@@ -90,7 +92,9 @@ class SimulatedExecutor(LocalExecutor):
         heapq.heappush(self.heap, (finish, self.sequence, event))
         self.sequence += 1
 
-    def wait(self) -> list[StepEvent]:
+    def wait(self, timeout: float | None = None) -> list[StepEvent]:
+        """Advance the clock to the next step's end and return it; `timeout` (wall seconds) does not apply to a
+        simulated clock."""
         if not self.heap:
             raise RuntimeError("wait() called with no step running")
         finish, _, event = heapq.heappop(self.heap)

@@ -10,7 +10,7 @@ from typing import Any
 
 from nasplat.controllers import CONTROLLERS, Controller, check_controller_options
 from nasplat.controllers.base import Searcher
-from nasplat.engine.records import Budget
+from nasplat.engine.records import Budget, check_step_timeout
 from nasplat.executors import EXECUTORS
 from nasplat.executors.base import Executor
 from nasplat.experiment.spec import ExperimentSpec
@@ -71,12 +71,13 @@ def build(spec: ExperimentSpec) -> BuiltExperiment:
         controller = make_scheduler(spec.scheduler, controller, max_steps=spec.max_steps)
     name = spec.name or f"{type(controller).__name__.lower()}-{time.strftime('%Y%m%d-%H%M%S')}"
     callbacks = _callbacks(spec.callbacks)
+    executor = make_executor(spec.executor, concurrency=spec.concurrency, **spec.executor_options)
+    check_step_timeout(executor, spec.step_timeout_s)  # before any folder is created
     return BuiltExperiment(
         spec=spec, trainer=trainer, controller=controller, name=name,
-        budget=Budget(spec.max_trials, spec.time_budget_s, spec.max_steps),
-        policy=CheckpointPolicy.from_options(spec.checkpoint),
-        executor=make_executor(spec.executor, concurrency=spec.concurrency, **spec.executor_options),
-        callbacks=callbacks)
+        budget=Budget(max_trials=spec.max_trials, time_s=spec.time_budget_s, max_steps=spec.max_steps,
+                      step_timeout_s=spec.step_timeout_s),
+        policy=CheckpointPolicy.from_options(spec.checkpoint), executor=executor, callbacks=callbacks)
 
 
 def make_controller(controller: str | type | Searcher, space: Any, *, metric: str | Sequence[str] | None,

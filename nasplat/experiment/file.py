@@ -2,29 +2,44 @@
 
 Everything is checked here, before any module is imported or folder created; each mistake is one line naming
 the file, the key, the value received and what is allowed. Numbers must be YAML numbers: a quoted `"10"` is
-refused (see `nasplat.core.checks`), and so is `true` where an integer is expected.
+refused (see `nasplat.core.checks`), and so is `true` where an integer is expected. Floats follow YAML 1.2, so
+`1e3` is the number 1000.0 here as inside a constraint string (PyYAML alone, on YAML 1.1, reads it as a string).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import re
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from nasplat.controllers import CONTROLLERS
+from nasplat.controllers import CONTROLLERS, RandomSearch
 from nasplat.core.checks import EXPERIMENT_MODES, check_choice
 from nasplat.executors import DEFAULT_EXECUTOR, EXECUTORS
 from nasplat.experiment.spec import ExperimentSpec
+from nasplat.schedulers import check_scheduler, make_scheduler
+from nasplat.space import Choice
 
 TOP_KEYS = ("name", "trainer", "space", "metric", "mode", "constraints", "controller", "budget", "resources",
             "executor", "storage", "seed", "max_failures", "max_failed_trials", "checkpoint", "callbacks",
             "scheduler")
 REQUIRED = ("trainer", "space", "metric", "controller", "budget")
-BUDGET_KEYS = ("max_trials", "time_budget_s", "max_steps")
+BUDGET_KEYS = ("max_trials", "time_budget_s", "max_steps", "step_timeout_s")
 RESOURCE_KEYS = ("concurrency", "cpus_per_trial", "gpus_per_trial", "workers", "backend", "strategy", "backend_options")
 RAY_ONLY = ("cpus_per_trial", "gpus_per_trial", "workers", "backend", "strategy", "backend_options")
+
+
+class ExperimentLoader(yaml.SafeLoader):
+    """PyYAML's safe loader with YAML 1.2's floats: `1e3`, `2E-1` and `.5` are numbers, as everywhere else."""
+
+
+ExperimentLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
+    list("-+0123456789."))
 
 
 def read_experiment_file(path: str | Path) -> dict[Any, Any]:
@@ -36,7 +51,7 @@ def read_experiment_file(path: str | Path) -> dict[Any, Any]:
                                 else f"experiment file {path} is not a file")
     try:
         with open(path, encoding="utf-8") as f:
-            spec = yaml.safe_load(f)
+            spec = yaml.load(f, Loader=ExperimentLoader)
     except UnicodeDecodeError as exc:
         raise ValueError(f"{path}: not a UTF-8 text file ({exc.reason} at byte {exc.start})") from None
     except yaml.YAMLError as exc:
@@ -66,7 +81,9 @@ def experiment_spec(spec: Mapping[str, Any], *, source: str = "experiment") -> E
     """An experiment mapping (as in YAML) checked into an `ExperimentSpec`; each mistake is one line that starts
     with `source` and names the key, the value received and what is allowed."""
     try:
-        return _translate(spec, source).check()
+        checked = _translate(spec, source).check()
+        _check_scheduler_options(checked)
+        return checked
     except ValueError as exc:
         message = str(exc)
         raise ValueError(message if message.startswith(source) else f"{source}: {message}") from None
@@ -103,18 +120,41 @@ def _translate(spec: Mapping[str, Any], source: str) -> ExperimentSpec:
     mode = spec.get("mode", "max")
     if isinstance(mode, str):
         check_choice("mode", mode, EXPERIMENT_MODES)
+    if spec.get("scheduler") is not None:
+        with _section("scheduler"):
+            check_scheduler(spec["scheduler"])
     return ExperimentSpec(
         trainer=spec["trainer"], space=spec["space"], metric=spec["metric"], mode=mode,
         constraints=spec.get("constraints"),
         controller=controller["name"], controller_options={k: v for k, v in controller.items() if k != "name"},
         executor=executor, concurrency=resources.get("concurrency", 1 if executor != "ray" else None),
         max_trials=budget.get("max_trials"), time_budget_s=budget.get("time_budget_s"),
+        step_timeout_s=budget.get("step_timeout_s"),
         max_steps=budget.get("max_steps", 1), seed=spec.get("seed", 0), max_failures=spec.get("max_failures", 0),
         max_failed_trials=spec.get("max_failed_trials", 10), checkpoint=spec.get("checkpoint"),
         name=spec.get("name"), storage=spec.get("storage"),
         executor_options=ray_options if executor == "ray" else {},
         callbacks=spec.get("callbacks") or [],  # names or mappings: built by `build`, the spec stays plain data
         scheduler=spec.get("scheduler"))  # a name, or a mapping of a name and options
+
+
+def _check_scheduler_options(spec: ExperimentSpec) -> None:
+    """Make the scheduler once around a stand-in controller (the experiment's objectives, a space of one
+    decision), so that its options' values are checked with the rest of the file, before anything is imported."""
+    if isinstance(spec.scheduler, (str, Mapping)):
+        stand_in = RandomSearch({"x": Choice([0, 1])}, metric=spec.metric or "", mode=spec.mode,
+                                constraints=spec.constraints)
+        with _section("scheduler"):
+            make_scheduler(spec.scheduler, stand_in, max_steps=spec.max_steps)
+
+
+@contextmanager
+def _section(key: str) -> Iterator[None]:
+    """Name the section `key` in front of a mistake found inside it (`scheduler: ...`), as for `budget:`."""
+    try:
+        yield
+    except ValueError as exc:
+        raise ValueError(f"{key}: {exc}") from None
 
 
 def _check_keys(section: Any, allowed: tuple[str, ...], where: str) -> None:

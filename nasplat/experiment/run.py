@@ -29,8 +29,8 @@ def run(*, trainer: type | str, controller: str | type | Searcher = "random", sp
         metric: str | Sequence[str] | None = None, mode: str | Sequence[str] = "max", constraints: Any = None,
         executor: str | Executor = DEFAULT_EXECUTOR,
         concurrency: int | None = None, max_trials: int | None = None, time_budget_s: float | None = None,
-        max_steps: int = 1, max_failures: int = 0, max_failed_trials: int | None = 10, seed: int = 0,
-        name: str | None = None, storage: str | Path | None = None,
+        step_timeout_s: float | None = None, max_steps: int = 1, max_failures: int = 0,
+        max_failed_trials: int | None = 10, seed: int = 0, name: str | None = None, storage: str | Path | None = None,
         checkpoint: CheckpointPolicy | Mapping[str, Any] | bool | None = None, progress: bool = False,
         controller_options: Mapping[str, Any] | None = None, executor_options: Mapping[str, Any] | None = None,
         callbacks: Sequence[Any] = (), scheduler: str | Mapping[str, Any] | Scheduler | None = None
@@ -42,8 +42,17 @@ def run(*, trainer: type | str, controller: str | type | Searcher = "random", sp
     trains on until its lineage has trained that many); the search asks for new trials until `max_trials`
     trials were started and/or `time_budget_s` seconds passed on the executor's clock. A trial that raises is
     retried `max_failures` times; once more than `max_failed_trials` trials failed (None: no limit) the run stops
-    and raises `ExperimentFailed` with the first errors. Several objectives: `metric=[...]`, `mode=[...]` (one
-    each) and `constraints=["params <= 1.0", ...]`.
+    and raises `ExperimentFailed` with the first errors; a run in which every trial failed (under that limit)
+    returns its result, whose `counts()` say so (`nasplat run` then exits with status 1). Several objectives:
+    `metric=[...]`, `mode=[...]` (one each) and `constraints=["params <= 1.0", ...]`.
+
+    `step_timeout_s` (default None: no limit) is the longest one step of a trial may run (a launch's `setup` and
+    first step count as its first step; time waiting for resources does not); a step that runs longer is killed
+    and fails its attempt ("step timed out after N s"), retried like any failure. Only executors that can stop a
+    running step enforce it (`ray`, `processes`); on others it is refused. `time_budget_s` also bounds the wait
+    for running steps: once it has passed, they get `step_timeout_s` more seconds (unset: 10% of `time_budget_s`,
+    at least 10 s), then the trials still running are stopped and left for `nasplat.resume` to continue (not on
+    `simulated`, whose steps take no wall time).
 
     With `storage` (a folder, or a URI such as `s3://bucket/prefix` that `pyarrow.fs` opens), every step is appended
     to `<storage>/<name>/results.jsonl` and the folder is kept so that `nasplat.resume(folder)` finishes a killed
@@ -72,7 +81,8 @@ def run(*, trainer: type | str, controller: str | type | Searcher = "random", sp
     spec = ExperimentSpec(
         trainer=trainer, controller=controller, space=space, metric=metric, mode=mode, constraints=constraints,
         executor=executor, concurrency=concurrency, max_trials=max_trials, time_budget_s=time_budget_s,
-        max_steps=max_steps, max_failures=max_failures, max_failed_trials=max_failed_trials, seed=seed, name=name,
+        step_timeout_s=step_timeout_s, max_steps=max_steps, max_failures=max_failures,
+        max_failed_trials=max_failed_trials, seed=seed, name=name,
         storage=None if storage is None else str(storage), checkpoint=checkpoint,
         controller_options=dict(controller_options or {}), executor_options=dict(executor_options or {}),
         callbacks=callbacks if isinstance(callbacks, (str, Mapping)) else list(callbacks),

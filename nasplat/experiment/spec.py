@@ -16,7 +16,7 @@ import cloudpickle
 
 from nasplat.controllers import CONTROLLERS, Controller, check_controller_options
 from nasplat.controllers.base import Searcher
-from nasplat.core.checks import check_run_options
+from nasplat.core.checks import check_real, check_run_options
 from nasplat.core.pareto import parse_constraints
 from nasplat.executors import DEFAULT_EXECUTOR, EXECUTORS
 from nasplat.executors.base import Executor
@@ -41,6 +41,7 @@ class ExperimentSpec:
     concurrency: int | None = None
     max_trials: int | None = None
     time_budget_s: float | None = None
+    step_timeout_s: float | None = None
     max_steps: int = 1
     max_failures: int = 0
     max_failed_trials: int | None = 10
@@ -60,6 +61,7 @@ class ExperimentSpec:
                           time_budget_s=self.time_budget_s, max_steps=self.max_steps, concurrency=self.concurrency,
                           max_failures=self.max_failures, max_failed_trials=self.max_failed_trials, seed=self.seed,
                           name=self.name, executor_options=self.executor_options)
+        check_real("step_timeout_s", self.step_timeout_s, minimum=0, strict=True, optional=True)
         parse_constraints(self.constraints)
         if self.storage is not None and (not isinstance(self.storage, str) or not self.storage):
             raise ValueError(f"`storage` must be a folder path or a URI (a string), got storage={self.storage!r}")

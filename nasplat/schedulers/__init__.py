@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from nasplat.controllers.base import Controller
-from nasplat.core.registry import Registry
+from nasplat.core.registry import Registry, constructor_options
 from nasplat.schedulers.asha import ASHA
 from nasplat.schedulers.base import Scheduler
 from nasplat.schedulers.hyperband import Hyperband
@@ -48,6 +48,10 @@ def make_scheduler(scheduler: str | Mapping[str, Any] | Scheduler, controller: C
     else:
         name, kwargs = _named(scheduler)
         cls = SCHEDULERS[name]
+        allowed = constructor_options(cls, base=Scheduler, skip=("controller",))
+        unknown = [k for k in kwargs if allowed is not None and k not in allowed]
+        if unknown:
+            raise ValueError(f"unknown option(s) {unknown} for scheduler {name!r}; allowed: {allowed}")
         if issubclass(cls, NEEDS_MAX_STEPS):
             kwargs.setdefault("max_steps", max_steps)
         try:

@@ -30,6 +30,7 @@ from nasplat.storage.files import (
     FolderInUse,
     FolderLock,
     RowLog,
+    StorageError,
     fsync_dir,
     is_uri,
     json_default,
@@ -44,6 +45,6 @@ from nasplat.storage.remote import Storage
 
 __all__ = [
     "APPEND_ONLY", "CHECKPOINTS", "JOURNAL_FILE", "LOCK_FILE", "META_FILE", "ROWS_FILE", "SPEC_JSON", "SPEC_PICKLE",
-    "WHOLE_FILES", "ExperimentFolder", "FolderInUse", "FolderLock", "RowLog", "Storage", "fsync_dir", "is_uri",
+    "WHOLE_FILES", "ExperimentFolder", "FolderInUse", "FolderLock", "RowLog", "Storage", "StorageError", "fsync_dir", "is_uri",
     "json_default", "local_copy", "read_json", "read_rows", "read_spec", "scratch_folder", "write_atomic",
 ]

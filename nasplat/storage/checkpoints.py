@@ -1,8 +1,12 @@
 """Trainer checkpoints: when to write them and which to keep (`CheckpointPolicy`), their files, and the writer.
 
 A checkpoint of trial `t` at step `k` is the folder `checkpoints/trial-<t>/step-<k>/` of the experiment's storage,
-holding `state.pt` (the trainer's `state_dict`, `torch.save`d) and `manifest.json` (trial, step, config, bytes,
-time), written last: a checkpoint is complete iff its manifest exists, so a reader never sees half of one.
+holding `state.pt` (the trainer's `state_dict`, `torch.save`d) and `manifest.json` (trial, step, config, the
+`files` with their sizes, time), written last: a checkpoint is complete iff its manifest parses and every file it
+names is there with its size, so a reader never takes half of one (nor a manifest cut short) for a checkpoint.
+
+Rows record a checkpoint relative to the experiment folder (`checkpoints/trial-3/step-4`), and a reader resolves
+it against the folder it reads (`checkpoint_locations`): a folder copied or moved elsewhere reads its own.
 """
 
 from __future__ import annotations
@@ -10,6 +14,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import posixpath
 import threading
 import time
 from collections import deque
@@ -18,7 +23,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from nasplat.core.checks import check_bool, check_int
-from nasplat.storage import Storage, json_default
+from nasplat.storage import CHECKPOINTS, Storage, StorageError, is_uri, json_default
 
 
 @dataclass(frozen=True)
@@ -88,14 +93,48 @@ def checkpoint_name(trial_id: int, step: int) -> str:
 
 def write_checkpoint(storage: Storage, trial_id: int, step: int, state: Any, config: Any = None) -> Checkpoint:
     """`torch.save` `state` straight into `storage` as trial `trial_id`'s checkpoint of step `step`: the state
-    first, then the manifest (trial, step, config, bytes, time), which marks the checkpoint complete."""
+    first, then the manifest (trial, step, config, `files`: name -> bytes, time), which marks the checkpoint
+    complete. A full disk or another storage failure raises `StorageError` naming the errno and the file."""
     import torch
 
     name = checkpoint_name(trial_id, step)
     size = storage.write(f"{name}/{STATE_FILE}", lambda out: torch.save(state, out))  # streamed, no copy
-    manifest = {"trial_id": trial_id, "step": step, "config": config, "bytes": size, "time": time.time()}
+    manifest = {"trial_id": trial_id, "step": step, "config": config, "files": {STATE_FILE: size}, "time": time.time()}
     storage.write(f"{name}/{MANIFEST_FILE}", json.dumps(manifest, default=json_default).encode("utf-8"))
     return Checkpoint(trial_id, step, storage.uri(name))
+
+
+def checkpoint_problem(uri: str) -> str | None:
+    """Why the checkpoint at `uri` (a path or URI) is not complete, or None if it is: its manifest must parse as a
+    JSON object naming its files (`files`; manifests before it name `state.pt`'s `bytes`), each there with that
+    size. An unreachable location is a problem like any other."""
+    try:
+        folder = Storage(uri)
+        if not folder.exists(MANIFEST_FILE):
+            return f"no {MANIFEST_FILE} in it"
+        manifest = json.loads(folder.read(MANIFEST_FILE))
+    except (OSError, ValueError) as exc:
+        return f"its {MANIFEST_FILE} cannot be read ({type(exc).__name__}: {' '.join(str(exc).split())})"
+    files = manifest.get("files") if isinstance(manifest, dict) else None
+    if files is None and isinstance(manifest, dict) and "bytes" in manifest:
+        files = {STATE_FILE: manifest["bytes"]}
+    if not isinstance(files, dict) or STATE_FILE not in files:
+        return f"its {MANIFEST_FILE} names no files"
+    for name, size in files.items():
+        try:
+            found = folder.size(name) if isinstance(name, str) and "/" not in name and name else None
+        except (OSError, ValueError):
+            found = None
+        if found is None:
+            return f"{name} is missing"
+        if found != size:
+            return f"{name} holds {found} bytes, its {MANIFEST_FILE} says {size}"
+    return None
+
+
+def is_complete(uri: str) -> bool:
+    """Whether a complete checkpoint lies at `uri` (see `checkpoint_problem`)."""
+    return checkpoint_problem(uri) is None
 
 
 def load_checkpoint(uri: str) -> Any:
@@ -103,10 +142,10 @@ def load_checkpoint(uri: str) -> Any:
     those you trust."""
     import torch
 
-    folder = Storage(uri)
-    if not folder.exists(MANIFEST_FILE):
-        raise FileNotFoundError(f"{uri} is not a complete checkpoint (no {MANIFEST_FILE} in it)")
-    return torch.load(io.BytesIO(folder.read(STATE_FILE)), map_location="cpu", weights_only=False)
+    problem = checkpoint_problem(uri)
+    if problem is not None:
+        raise FileNotFoundError(f"{uri} is not a complete checkpoint ({problem})")
+    return torch.load(io.BytesIO(Storage(uri).read(STATE_FILE)), map_location="cpu", weights_only=False)
 
 
 def read_manifest(uri: str) -> dict[str, Any]:
@@ -115,13 +154,43 @@ def read_manifest(uri: str) -> dict[str, Any]:
 
 
 def list_checkpoints(storage: Storage, trial_id: int) -> list[Checkpoint]:
-    """The complete checkpoints of trial `trial_id` in `storage`, by step (a write cut short has no manifest)."""
+    """The complete checkpoints of trial `trial_id` in `storage`, by step (a write cut short, or a manifest that
+    does not parse or name its files, is left out)."""
     found = []
     for entry in storage.list(f"trial-{trial_id}"):
         prefix, _, step = entry.partition("-")
-        if prefix == "step" and step.isdigit() and storage.exists(f"trial-{trial_id}/{entry}/{MANIFEST_FILE}"):
-            found.append(Checkpoint(trial_id, int(step), storage.uri(checkpoint_name(trial_id, int(step)))))
+        if prefix == "step" and step.isdigit():
+            uri = storage.uri(checkpoint_name(trial_id, int(step)))
+            if is_complete(uri):
+                found.append(Checkpoint(trial_id, int(step), uri))
     return sorted(found, key=lambda c: c.step)
+
+
+# -- where a row's checkpoint lies ---------------------------------------------------------------------------------
+def relative_location(home: str, uri: str) -> str:
+    """`uri` as a row records it: relative to the experiment folder `home` where it lies inside
+    (`checkpoints/trial-3/step-4`), else as it is."""
+    return uri.removeprefix(home.rstrip("/") + "/")
+
+
+def checkpoint_locations(home: str | None, recorded: str) -> list[str]:
+    """Where the checkpoint a row records as `recorded` may lie, in the order to try, for the experiment folder
+    `home` being read (a path or URI; None: as recorded). A relative location lies inside `home`. An absolute path
+    or URI (rows before locations were relative) is tried first beside `home` (its part from `checkpoints/` on: the
+    folder was copied, moved or downloaded), then as recorded."""
+    if home is None:
+        return [recorded]
+    base = home.rstrip("/")
+    if not (is_uri(recorded) or posixpath.isabs(recorded)):
+        return [f"{base}/{recorded}"]
+    at = recorded.rfind(f"/{CHECKPOINTS}/")
+    beside = [f"{base}/{recorded[at + 1:]}"] if at >= 0 else []
+    return list(dict.fromkeys([*beside, recorded]))
+
+
+def locate_checkpoint(home: str | None, recorded: str) -> str | None:
+    """The first of `checkpoint_locations` that holds a complete checkpoint, or None."""
+    return next((uri for uri in checkpoint_locations(home, recorded) if is_complete(uri)), None)
 
 
 class CheckpointWriter:
@@ -196,7 +265,8 @@ class CheckpointWriter:
         try:
             result = write_checkpoint(self.storage, trial_id, step, state, config)
         except Exception as exc:  # reported to the engine; the trial goes on
-            result = Checkpoint(trial_id, step, None, f"{type(exc).__name__}: {exc}")
+            error = str(exc) if isinstance(exc, StorageError) else f"{type(exc).__name__}: {exc}"
+            result = Checkpoint(trial_id, step, None, error)
         if release is not None:
             release(state)
         with self.condition:

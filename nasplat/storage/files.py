@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
@@ -25,23 +26,94 @@ def is_uri(location: str | Path) -> bool:
     return "://" in str(location)
 
 
+class StorageError(OSError):
+    """A write to storage failed: one line naming the errno (`ENOSPC`, `EACCES`, ...) and the path, e.g.
+    `ENOSPC (No space left on device): cannot write /data/exp/checkpoints/trial-0/step-1/state.pt`."""
+
+    def __init__(self, code: int | None, reason: str, path: str, action: str = "write", hint: str = "") -> None:
+        super().__init__(code, reason, path)
+        self.action, self.hint = action, hint
+
+    @classmethod
+    def of(cls, path: str | Path, cause: BaseException, action: str = "write", hint: str = "") -> StorageError:
+        """The error `cause` (an `OSError`, or what a library made of one) of `action` on `path`."""
+        if isinstance(cause, StorageError):
+            return cause
+        code = getattr(cause, "errno", None)
+        reason = os.strerror(code) if isinstance(code, int) else " ".join(str(cause).split()) or type(cause).__name__
+        return cls(code if isinstance(code, int) else None, reason, str(path), action, hint)
+
+    def __str__(self) -> str:
+        name = errno.errorcode.get(self.errno) if isinstance(self.errno, int) else None
+        what = f"{name} ({self.strerror})" if name else str(self.strerror)
+        return f"{what}: cannot {self.action} {self.filename}" + (f"; {self.hint}" if self.hint else "")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return type(self), (self.errno, self.strerror, self.filename, self.action, self.hint)
+
+
+class _Sink:
+    """A file object that remembers the first `OSError` its writes raised: libraries that write into a file (torch's
+    zip writer) turn it into their own error ("unexpected pos 64 vs 0"), losing the errno."""
+
+    def __init__(self, file: BinaryIO) -> None:
+        self.file, self.error = file, None
+
+    def write(self, data: Any) -> int:
+        try:
+            return self.file.write(data)
+        except OSError as exc:
+            self.error = self.error or exc
+            raise
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.file, name)
+
+
+def written(payload: bytes | Callable[[BinaryIO], Any], out: BinaryIO, folder: str | Path | None = None) -> None:
+    """Write `payload` into `out`; an error the writes caused is raised as the `OSError` they raised (a full local
+    `folder` counts as `ENOSPC` where the writer hid it)."""
+    sink = _Sink(out)
+    try:
+        payload(sink) if callable(payload) else sink.write(payload)  # type: ignore[arg-type]
+    except OSError:
+        raise
+    except Exception as exc:
+        if sink.error is not None:
+            raise sink.error from exc
+        if folder is not None and _full(folder):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)) from exc
+        raise
+
+
+def _full(folder: str | Path) -> bool:
+    """Whether the filesystem holding `folder` has no block left for this user."""
+    try:
+        return os.statvfs(folder).f_bavail == 0
+    except OSError:
+        return False
+
+
 def write_atomic(path: str | Path, payload: bytes | Callable[[BinaryIO], Any]) -> int:
     """Write `payload` (bytes, or a function that writes into the open file: no copy of the bytes in memory) to a
     uniquely named temp file beside `path`, fsync, rename: readers see the old file or the new one, whole. Returns
-    the size written."""
+    the size written. A failure of the storage itself (a full disk, no permission) raises `StorageError` naming
+    the errno and `path`."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}.tmp")
     try:
         with open(tmp, "wb") as f:
-            payload(f) if callable(payload) else f.write(payload)
+            written(payload, f, path.parent)
             size = f.tell()
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+        fsync_dir(path.parent)
+    except OSError as exc:
+        raise StorageError.of(path, exc) from None
     finally:
         if tmp.exists():
             tmp.unlink()
-    fsync_dir(path.parent)
     return size
 
 
@@ -112,28 +184,53 @@ def scratch_folder(prefix: str) -> Path:
 
 class RowLog:
     """An append-only JSON-lines file: every line is written and flushed as it comes (a killed process loses
-    none), and fsynced by `sync` (an OS crash loses at most what came since)."""
+    none), and fsynced by `sync` (an OS crash loses at most what came since).
+
+    A line the storage refuses (a full disk) raises `StorageError` naming the errno and the file, and so does every
+    later `append`: the lines before it stay whole on disk (a part of the refused one, like a line cut short by a
+    kill, is dropped when the file is read back), so the experiment stops there and `nasplat resume` goes on."""
+
+    HINT = "the run stops here with the rows recorded so far; free space, then `nasplat resume` the folder"
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self.file = open(path, "a", encoding="utf-8")
+        self.file: Any = open(path, "a", encoding="utf-8")
         self.lines = 0
+        self.error: StorageError | None = None
 
     def append(self, item: dict[str, Any]) -> None:
-        self.file.write(json.dumps(item, default=json_default, allow_nan=True) + "\n")
-        self.file.flush()
+        if self.error is not None:
+            raise self.error
+        try:
+            self.file.write(json.dumps(item, default=json_default, allow_nan=True) + "\n")
+            self.file.flush()
+        except OSError as exc:
+            self.error = StorageError.of(self.path, exc, "append to", self.HINT)
+            raise self.error from None
         self.lines += 1
 
     def sync(self) -> None:
         if self.file is not None:
-            self.file.flush()
-            os.fsync(self.file.fileno())
+            try:
+                self.file.flush()
+                os.fsync(self.file.fileno())
+            except OSError as exc:
+                self.error = self.error or StorageError.of(self.path, exc, "append to", self.HINT)
+                raise self.error from None
 
     def close(self) -> None:
-        if self.file is not None:
-            self.sync()
-            self.file.close()
-            self.file = None
+        """Sync and close the file; it is closed even where the sync fails (that error is raised after)."""
+        if self.file is None:
+            return
+        try:
+            if self.error is None:
+                self.sync()
+        finally:
+            file, self.file = self.file, None
+            try:
+                file.close()
+            except OSError:  # what a refused line left in the buffer: that line is lost, the file is closed
+                pass
 
 
 def read_rows(path: Path, *, complete: bool = False) -> list[dict[str, Any]]:

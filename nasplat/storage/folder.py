@@ -17,6 +17,7 @@ from nasplat.storage.files import (
     SPEC_PICKLE,
     FolderLock,
     RowLog,
+    StorageError,
     is_uri,
     local_copy,
     read_rows,
@@ -46,6 +47,13 @@ class ExperimentFolder:
 
     def __repr__(self) -> str:
         return f"ExperimentFolder({self.location!r})"
+
+    @property
+    def home(self) -> str:
+        """The experiment's own location, as checkpoint locations are made from it: the URI (checkpoints live
+        there, beside the uploaded rows), else the local folder's absolute path. Rows record a checkpoint relative
+        to it (`checkpoints/trial-3/step-4`), so a copied or moved folder reads its own."""
+        return self.location.rstrip("/") if self.remote is not None else str(self.path)
 
     @property
     def checkpoints(self) -> Storage:
@@ -137,11 +145,16 @@ class ExperimentFolder:
             if self.rows is not None:
                 self.sync(force=True)
         finally:
-            for log in (self.rows, self.journal):
-                if log is not None:
-                    log.close()
-            self.rows = self.journal = None
-            self.lock.release()
+            logs, self.rows, self.journal = (self.rows, self.journal), None, None
+            try:
+                for log in logs:
+                    if log is not None:
+                        try:
+                            log.close()
+                        except StorageError:  # the storage refused the last sync: raised by it already
+                            pass
+            finally:
+                self.lock.release()
 
 
 def read_spec(path: Path) -> dict[str, Any]:

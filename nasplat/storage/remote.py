@@ -6,7 +6,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from nasplat.storage.files import APPEND_ONLY, WHOLE_FILES, is_uri, write_atomic
+from nasplat.storage.files import APPEND_ONLY, WHOLE_FILES, StorageError, is_uri, write_atomic, written
 
 
 class Storage:
@@ -40,13 +40,24 @@ class Storage:
 
     def write(self, name: str, payload: bytes | Callable[[BinaryIO], Any]) -> int:
         """Write the file `name` whole, from bytes or a function that writes into the open file; atomically (temp
-        file + rename locally; an object store's put is atomic). Returns the size written."""
-        if self.local:
-            Path(self.path(name)).parent.mkdir(parents=True, exist_ok=True)
-            return write_atomic(self.path(name), payload)
-        with self.fs.open_output_stream(self.path(name)) as out:
-            payload(out) if callable(payload) else out.write(payload)
-            return out.tell()
+        file + rename locally; an object store's put is atomic). Returns the size written. A failure of the storage
+        (a full disk, a refused upload) raises `StorageError` naming the errno (where there is one) and the file."""
+        try:
+            if self.local:
+                Path(self.path(name)).parent.mkdir(parents=True, exist_ok=True)
+                return write_atomic(self.path(name), payload)
+            with self.fs.open_output_stream(self.path(name)) as out:
+                written(payload, out)
+                return out.tell()
+        except OSError as exc:
+            raise StorageError.of(self.uri(name), exc) from None
+
+    def size(self, name: str) -> int | None:
+        """The size in bytes of the file `name`, or None if there is no such file."""
+        from pyarrow import fs
+
+        info = self.fs.get_file_info(self.path(name))
+        return info.size if info.type == fs.FileType.File else None
 
     def read(self, name: str) -> bytes:
         with self.fs.open_input_stream(self.path(name)) as f:
