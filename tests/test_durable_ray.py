@@ -120,7 +120,7 @@ def test_pbt_driver_killed_then_resumed_keeps_each_members_training(ray_session,
     before = read_rows(folder / ROWS_FILE)
     running = {r["trial_id"] for r in before} - {r["trial_id"] for r in before if r["status"] != "running"}
     latest = {r["trial_id"]: r for r in before if r.get("checkpoint") and r["trial_id"] in running}
-    checkpointed = {trial_id: (row["step"], load_checkpoint(row["checkpoint"])["t"])
+    checkpointed = {trial_id: (row["step"], load_checkpoint(str(folder / row["checkpoint"]))["t"])
                     for trial_id, row in latest.items()}
     assert set(checkpointed) == running and all(step >= 2 * INTERVAL for step, _ in checkpointed.values())
 

@@ -15,8 +15,8 @@ from nasplat.engine.replay import resume_engine
 from nasplat.executors.local import LocalExecutor
 from nasplat.schedulers import ASHA
 from nasplat.space import Float
-from nasplat.storage import JOURNAL_FILE, ROWS_FILE, ExperimentFolder, read_rows
-from nasplat.storage.checkpoints import Checkpoint
+from nasplat.storage import CHECKPOINTS, JOURNAL_FILE, ROWS_FILE, ExperimentFolder, Storage, read_rows
+from nasplat.storage.checkpoints import Checkpoint, write_checkpoint
 from nasplat.trainer import Trainer
 
 SPACE = {"x": Float(0.0, 1.0)}
@@ -93,11 +93,12 @@ def test_a_finished_run_replays_into_its_records_best_row_clock_and_controller_s
 
 
 def test_a_running_trial_is_cut_back_to_its_last_checkpointed_row_and_the_journal_remapped(tmp_path: Path):
-    rows = [row(0, 1), row(1, 1, checkpoint="ck/trial-1/step-1"), row(1, 2, end=7.0), row(0, 2),
+    rows = [row(0, 1), row(1, 1, checkpoint="checkpoints/trial-1/step-1"), row(1, 2, end=7.0), row(0, 2),
             row(0, 3, "completed", 0.5)]
     journal = [ask(0, 0), ask(1, 1), ask(2, 3), ask(3, 5)]
     folder = ExperimentFolder(tmp_path / "exp")
     folder.create({})
+    write_checkpoint(Storage(str(tmp_path / "exp" / CHECKPOINTS)), 1, 1, {"t": 1})  # the one the row names
     for item in rows:
         folder.append_row(item)
     for entry in journal:
@@ -115,8 +116,8 @@ def test_a_running_trial_is_cut_back_to_its_last_checkpointed_row_and_the_journa
     kept = [rows[0], rows[1], rows[3], rows[4]]
     assert engine.rows == kept
     one = engine.trials[1]
-    assert (one.status, one.step, one.checkpoint, one.restart) == ("running", 1, Checkpoint(1, 1, "ck/trial-1/step-1"),
-                                                                    None)
+    assert (one.status, one.step, one.restart) == ("running", 1, None)
+    assert one.checkpoint == Checkpoint(1, 1, str(tmp_path / "exp" / "checkpoints" / "trial-1" / "step-1"))
     assert engine.trials[0].status == "completed" and engine.active == {1, 2, 3}
     assert engine.clock_offset == 1.0  # the dropped row's end (7.0) is not on record any more
     assert folder.rows is not None and folder.journal is not None  # open for appending
