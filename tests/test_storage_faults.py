@@ -29,6 +29,7 @@ SPACE = {"x": Float(0.0, 1.0)}
 
 MODULE = '''
 import os, signal, time
+from pathlib import Path
 import torch
 from nasplat import Trainer
 
@@ -38,7 +39,12 @@ class Counter(Trainer):
         self.x, self.t, self.trial = config["x"], 0, ctx.trial_id
         self.w = torch.full((16,), float(self.trial))
     def step(self):
-        time.sleep(0.2)  # the checkpoint of the step before is written meanwhile
+        home = os.environ.get("EXPERIMENT")  # the first run's folder
+        done = Path(home or ".", "checkpoints", f"trial-{self.trial}", f"step-{self.t}", "manifest.json")
+        for _ in range(3000):  # there, the step before is checkpointed first (its manifest is written last)
+            if home is None or self.t == 0 or done.exists():
+                break
+            time.sleep(0.01)
         self.t += 1
         if os.environ.get("KILL_AT") == f"{self.trial}:{self.t}":
             os.kill(os.getpid(), signal.SIGKILL)
@@ -155,7 +161,7 @@ def killed(tmp_path: Path) -> Path:
     """A run of three trials (checkpoints every step) whose driver was SIGKILLed in trial 1's third step."""
     (tmp_path / "faults_counter.py").write_text(MODULE)
     (tmp_path / "driver.py").write_text(DRIVER)
-    env = {**os.environ, "KILL_AT": "1:3", "NASPLAT_TENSORBOARD": "0",
+    env = {**os.environ, "KILL_AT": "1:3", "NASPLAT_TENSORBOARD": "0", "EXPERIMENT": str(tmp_path / "original" / "exp"),
            "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
     done = subprocess.run([sys.executable, "driver.py", str(tmp_path / "original")], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=300)
