@@ -1,9 +1,12 @@
 """One-shot trials on the NAS-Bench-201 supernet for signals (`search_spaces.nb201_supernet`) with MNIST-1D or digits.
 
 - `NB201SupernetTrainer`: trains the supernet with SPOS or FairNAS sampling (`nasplat.oneshot.SupernetTrainer`);
-- `NB201DartsTrainer`: DARTS / GDAS over the same supernet (`nasplat.oneshot.DartsTrainer`).
+- `NB201DartsTrainer`: DARTS / GDAS over the same supernet (`nasplat.oneshot.DartsTrainer`);
+- `NB201PathTrainer`: one path judged by a trained supernet's shared weights (`nasplat.oneshot.PathTrainer`; made
+  into a trial with `nasplat.oneshot.search_trainer(NB201PathTrainer, weights, config)`);
+- `NB201ProxyTrainer`: one untrained path scored by zero-cost proxies (`nasplat.oneshot.ProxyTrainer`).
 
-Extra config keys of both (all optional): `dataset` (`"mnist1d"`, default, or `"digits"`, whose 8x8 images are read
+Extra config keys of each (all optional): `dataset` (`"mnist1d"`, default, or `"digits"`, whose 8x8 images are read
 as 8 channels of length 8), `channels` (16), `cells_per_stage` (1), `connected` (False; True: paths are the cells
 of `search_spaces.nb201.connected_space`, the cut-off cells never trained or evaluated). Data come from
 `trainers.classification.load_dataset` (the validation split held out of training; test only to report).
@@ -14,7 +17,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from nasplat.core.checks import check_int
-from nasplat.oneshot import DartsTrainer, Supernet, SupernetTrainer
+from nasplat.oneshot import DartsTrainer, PathTrainer, ProxyTrainer, Supernet, SupernetTrainer
 from nasplat.oneshot.training import Splits
 from nasplat.space import Config, Space
 from search_spaces import nb201
@@ -57,3 +60,11 @@ class NB201DartsTrainer(_NB201, DartsTrainer):
     hundred, where the papers' 3e-4 (for ~100k steps on CIFAR) leaves alpha where it started."""
 
     ARCH_LR = 3e-2
+
+
+class NB201PathTrainer(_NB201, PathTrainer):
+    """A path of the NAS-Bench-201 supernet judged by shared trained weights (see `nasplat.oneshot.PathTrainer`)."""
+
+
+class NB201ProxyTrainer(_NB201, ProxyTrainer):
+    """A path of the NAS-Bench-201 supernet scored untrained by zero-cost proxies (`nasplat.oneshot.ProxyTrainer`)."""

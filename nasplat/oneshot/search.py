@@ -1,0 +1,195 @@
+"""Searching over one trained supernet: its weights published once, every trial a path judged by them.
+
+`SharedWeights` holds a supernet's `state_dict` as read-only numpy arrays. Where it goes with the trainer class it
+stays one copy: forked workers (`processes`, and `local`) see the driver's pages (copy-on-write, nothing copied
+while nobody writes), and on `ray` the first time it is pickled in a driver with Ray running it is put in the object
+store once (`ray.put` of the dict of arrays) and travels as that one `ObjectRef`; a Ray worker reads zero-copy,
+read-only views of the store's memory. `search_trainer(PathTrainer subclass, weights, config)` makes the trial
+class that carries it.
+
+`PathTrainer`: a trial whose config is a path of the supernet's space; its one step returns `evaluate_path`'s
+metrics (batch norm recalibrated on a copy: the shared tensors are never written). `ProxyTrainer`: a trial that
+reports the zero-cost proxies of its path, untrained, so that any controller can search on them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import sys
+import time
+import warnings
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+
+from nasplat.core.checks import check_int
+from nasplat.oneshot.proxies import PROXIES, score
+from nasplat.oneshot.training import OneShotTrainer, evaluate_path
+from nasplat.space import Config
+from nasplat.storage.checkpoints import load_checkpoint
+from nasplat.trainer import WorkerContext
+
+
+def _array(value: Any) -> np.ndarray:
+    array = np.ascontiguousarray(value.detach().cpu().numpy() if isinstance(value, torch.Tensor) else value)
+    array.setflags(write=False)
+    return array
+
+
+class SharedWeights:
+    """A supernet's weights, held once for a whole search (see the module's docstring).
+
+    `state`: a `state_dict` (tensors or arrays), or a trainer state holding one under `"model"`. `puts` counts the
+    `ray.put`s this object made (at most one); `ref` is the `ObjectRef` once it has one."""
+
+    def __init__(self, state: Mapping[str, Any], source: str | None = None) -> None:
+        if "model" in state and isinstance(state["model"], Mapping):
+            state = state["model"]
+        self._arrays: dict[str, np.ndarray] | None = {key: _array(value) for key, value in state.items()}
+        self.ref: Any = None
+        self.puts = 0
+        self.source = source  # the checkpoint it was loaded from, to load again where the object is gone
+
+    @classmethod
+    def load(cls, source: Any, trial_id: int | None = None) -> SharedWeights:
+        """From a supernet trial's checkpoint (a path or URI: `load_checkpoint`), or from an experiment's result
+        (an `nasplat.ExperimentResult`, or anything with its `load_state(trial_id)`: the best trial by default)."""
+        if isinstance(source, (str, os.PathLike)):
+            return cls(load_checkpoint(os.fspath(source)), os.fspath(source))
+        return cls(source.load_state(trial_id))
+
+    @property
+    def arrays(self) -> dict[str, np.ndarray]:
+        """The read-only arrays: the driver's own, or (in a Ray worker) views of the object store, fetched once."""
+        if self._arrays is None:
+            import ray
+
+            try:
+                self._arrays = ray.get(self.ref)
+            except Exception:  # noqa: BLE001 - the Ray session that held it ended (a resumed search)
+                if self.source is None:
+                    raise
+                self._arrays = SharedWeights.load(self.source)._arrays
+        assert self._arrays is not None
+        return self._arrays
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """Tensors on the arrays' memory (`torch.from_numpy`: no copy). They must not be written."""
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*not writable.*")
+            return {key: torch.from_numpy(array) for key, array in self.arrays.items()}
+
+    def share(self) -> Any:
+        """Put the arrays in Ray's object store (once) and return the `ObjectRef`."""
+        if self.ref is None:
+            import ray
+
+            self.ref, self.puts = ray.put(self.arrays), self.puts + 1
+        return self.ref
+
+    def __reduce__(self) -> Any:
+        """Pickled by reference to the object store where this process runs Ray (shipping to Ray workers), else by
+        value. The object lives as long as its Ray session: weights loaded from a checkpoint (`load`) are loaded
+        from it again where the object is gone (a search resumed in another session); others must be given again."""
+        if self.ref is None:
+            ray = sys.modules.get("ray")  # Ray runs only where it was imported: no import here
+            if ray is None or not ray.is_initialized():
+                return (SharedWeights, (self.arrays, self.source))
+            self.share()
+        return (_from_ref, (self.ref, self.source))
+
+
+def _from_ref(ref: Any, source: str | None = None) -> SharedWeights:
+    """A worker's handle on the object `ref`: its arrays are fetched (zero-copy) when first used."""
+    weights = SharedWeights.__new__(SharedWeights)
+    weights._arrays, weights.ref, weights.puts, weights.source = None, ref, 0, source
+    return weights
+
+
+class PathTrainer(OneShotTrainer):
+    """A trial that judges the path its config names by the shared supernet's weights; one step, `done: True`.
+
+    Made with `search_trainer` (which gives `weights` and the supernet's `supernet_config`, the keys it was built
+    and trained with, under the trial's own); subclasses give `load_data` and `build_supernet` (as for
+    `SupernetTrainer`: the same mixin). Config: the path's decisions, `bn_batches` (4). Reports `valid_acc`,
+    `valid_loss`, `params`, `test_acc` / `test_loss` where the data have a test split (to report only), `eval_ms`."""
+
+    weights: ClassVar[SharedWeights | None] = None
+    supernet_config: ClassVar[Mapping[str, Any]] = {}
+
+    def setup(self, config: Config, ctx: WorkerContext) -> None:
+        config = {**self.supernet_config, **config}
+        self.setup_common(config, ctx)
+        if self.weights is None:
+            raise TypeError(f"{type(self).__name__} has no shared weights: make the class with "
+                            f"search_trainer({type(self).__name__}, weights)")
+        self.net.load_state_dict(self.weights.tensors(), assign=True)  # the shared memory itself, not a copy
+        self.net.requires_grad_(False)
+        self.space.validate({key: config[key] for key in self.space.domains})
+        self.bn_batches = check_int("bn_batches", config.get("bn_batches", 4), minimum=0)
+
+    def step(self) -> dict[str, Any]:
+        start = time.perf_counter()
+        metrics: dict[str, Any] = evaluate_path(self.net, self.config, self.data, splits=self.splits,
+                                                bn_batches=self.bn_batches)
+        metrics["eval_ms"] = 1000 * (time.perf_counter() - start)
+        metrics["done"] = True
+        return metrics
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}  # nothing trained: the weights are the supernet's
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass
+
+
+class ProxyTrainer(OneShotTrainer):
+    """A trial that scores its path untrained by zero-cost proxies; one step, `done: True`.
+
+    The supernet is initialised from `init_seed` (0: the same weights in every trial, so scores compare paths, not
+    draws) and scored on the first `proxy_batch` (64) training samples. Config: the path's decisions, `proxies`
+    (names of `PROXIES`; default all). Reports each proxy by name (higher = predicted better; an infinite score,
+    NASWOT's log det of a singular kernel, as -1e300 or 1e300: ranked last or first, not a failed trial), `params`
+    and `proxy_ms`."""
+
+    def setup(self, config: Config, ctx: WorkerContext) -> None:
+        seed = check_int("init_seed", config.get("init_seed", 0))
+        self.setup_common(config, dataclasses.replace(ctx, seed=seed))
+        self.ctx = ctx
+        self.names = [str(n) for n in config.get("proxies", list(PROXIES))]
+        for name in self.names:
+            PROXIES.lookup(name)
+        n = check_int("proxy_batch", config.get("proxy_batch", 64), minimum=2)
+        self.x, self.y = self.x_train[:n], self.y_train[:n]
+        self.space.validate({key: config[key] for key in self.space.domains})
+
+    def step(self) -> dict[str, Any]:
+        start = time.perf_counter()
+        metrics: dict[str, Any] = {name: score(name, self.net, self.x, self.y, config=self.config)
+                                   for name in self.names}
+        for name, value in metrics.items():
+            if math.isinf(value):  # NASWOT's log det of a singular kernel: the worst score, not a missing one
+                metrics[name] = math.copysign(1e300, value)
+        metrics["params"] = float(sum(p.numel() for p in self.net.extract(self.config).parameters()))
+        metrics["proxy_ms"] = 1000 * (time.perf_counter() - start)
+        metrics["done"] = True
+        return metrics
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass
+
+
+def search_trainer(base: type[PathTrainer], weights: SharedWeights,
+                   config: Mapping[str, Any] | None = None) -> type[PathTrainer]:
+    """A subclass of `base` carrying `weights` and the supernet's `config` (its `channels`, `dataset`...): the
+    trainer to hand `nasplat.run` for a search over that supernet, on any executor."""
+    name = f"{base.__name__}Shared"
+    return type(name, (base,), {"weights": weights, "supernet_config": dict(config or {}),
+                                "__module__": base.__module__, "__qualname__": name})
