@@ -6,13 +6,14 @@ import math
 import os
 from typing import Any
 
+import numpy as np
 import pytest
 
 import nasplat
 import nasplat.oneshot.search as search
 import nasplat.storage.checkpoints as checkpoints
 from nasplat.controllers import CONTROLLERS
-from nasplat.oneshot import PROXIES, SharedWeights, evaluate_path, search_trainer
+from nasplat.oneshot import PROXIES, ProxyFeatures, SharedWeights, evaluate_path, search_trainer
 from nasplat.trainer import WorkerContext, start
 from search_spaces import nb201
 from trainers.supernet import NB201PathTrainer, NB201ProxyTrainer, NB201SupernetTrainer
@@ -155,3 +156,27 @@ def test_proxy_trials_report_finite_scores_and_a_search_on_naswot_runs() -> None
     assert again["naswot"] == rows[0]["naswot"]  # the init is fixed: the score is the path's
     cut = start(NB201ProxyTrainer(), {**dict.fromkeys(nb201.EDGES, "none"), "channels": 4}, WorkerContext()).step()
     assert cut["naswot"] == -1e300 and math.isfinite(cut["synflow"])  # a singular kernel: the worst, still a row
+
+
+def test_proxies_are_inputs_the_predictor_learns_from() -> None:
+    from nasplat.controllers import Predictor
+    from nasplat.controllers.surrogate.encoding import Encoder
+
+    features = ProxyFeatures(NB201ProxyTrainer, {"channels": 4}, proxies=["naswot", "synflow"])
+    predictor = Predictor(nb201.space, metric="valid_acc", features=features, initial_samples=3, pool_size=20,
+                          mutations=4, seed=1)
+    plain = Encoder(nb201.space)
+    assert predictor.encoder.size == plain.size + 2
+    path = nb201.space.sample(np.random.default_rng(3))
+    row = predictor.encoder.encode(path)
+    scores = start(NB201ProxyTrainer(), {**path, "channels": 4, "proxies": ["naswot", "synflow"]},
+                   WorkerContext(seed=7)).step()
+    assert row[:plain.size].tolist() == plain.encode(path).tolist()
+    assert row[plain.size:] == pytest.approx([math.copysign(math.log1p(abs(scores[n])), scores[n]) / 10
+                                              for n in ("naswot", "synflow")], rel=1e-5)
+    for _ in range(5):  # past the random start: candidates are scored with the proxies among their inputs
+        spec = predictor.ask()
+        predictor.tell(spec.trial_id, nasplat.controllers.Result({"valid_acc": features(spec.config)[0]}, 1))
+    assert predictor.features.shape == (5, plain.size + 2) and len(features.cache) >= 5
+    with pytest.raises(ValueError, match=r"`features` must be a function of a config to numbers \(or None\), got 3"):
+        Predictor(nb201.space, metric="valid_acc", features=3)

@@ -8,7 +8,7 @@ improving restarts from the pool.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from statistics import NormalDist
 from typing import Any
 
@@ -43,13 +43,15 @@ class Predictor(Controller):
     `patience=None` never restarts.
 
     The model learns the ranks of the scores (normal scores of the ranks), so outliers such as broken
-    networks do not dominate the fit.
+    networks do not dominate the fit. `features` (a function of a config to numbers, e.g. `nasplat.oneshot.ProxyFeatures`, zero-cost proxies of the untrained path) adds
+    inputs to the model beside the config's encoding; it must be deterministic (a resume replays the search).
     """
 
     def __init__(self, space: Space | Mapping[str, Any], *, initial_samples: int = 30, ensemble_size: int = 5,
                  hidden: int = 32, fit_steps: int = 20, max_fit_steps: int = 200, batch_size: int = 64,
                  learning_rate: float = 0.01, weight_decay: float = 1e-4, num_parents: int = 3, mutations: int = 50,
-                 pool_size: int = 1000, patience: int | None = 20, **kwargs: Any) -> None:
+                 pool_size: int = 1000, patience: int | None = 20,
+                 features: Callable[[Config], Sequence[float]] | None = None, **kwargs: Any) -> None:
         super().__init__(space, **kwargs)
         for name, value, low in (("initial_samples", initial_samples, 1), ("ensemble_size", ensemble_size, 2),
                                  ("hidden", hidden, 1), ("fit_steps", fit_steps, 1),
@@ -63,7 +65,9 @@ class Predictor(Controller):
         self.initial_samples, self.num_parents, self.mutations = initial_samples, num_parents, mutations
         self.pool_size, self.patience = pool_size, patience
         self.fit_steps, self.max_fit_steps, self.batch_size = fit_steps, max_fit_steps, batch_size
-        self.encoder = Encoder(self.space)
+        if features is not None and not callable(features):
+            raise ValueError(f"`features` must be a function of a config to numbers (or None), got {features!r}")
+        self.encoder = Encoder(self.space, features)
         self.model = MLPEnsemble(self.encoder.size, members=ensemble_size, hidden=hidden, rng=self.rng,
                                  learning_rate=learning_rate, weight_decay=weight_decay)
         self.seen: set[Any] = set()  # keys of every config proposed

@@ -31,7 +31,7 @@ from nasplat.oneshot.proxies import PROXIES, score
 from nasplat.oneshot.training import OneShotTrainer, evaluate_path
 from nasplat.space import Config
 from nasplat.storage.checkpoints import load_checkpoint
-from nasplat.trainer import WorkerContext
+from nasplat.trainer import WorkerContext, start
 
 
 def _array(value: Any) -> np.ndarray:
@@ -184,6 +184,34 @@ class ProxyTrainer(OneShotTrainer):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         pass
+
+
+class ProxyFeatures:
+    """Zero-cost proxies of a path as a function `config -> [scores]`: the `features` of the predictor controller
+    (`Predictor(space, features=ProxyFeatures(NB201ProxyTrainer))`). One untrained supernet of `trainer` (a
+    `ProxyTrainer` subclass, built with `config` and `init_seed` 0 as its trials are) scores every path on the same
+    batch, so a path's features are a function of the path; each is computed once."""
+
+    def __init__(self, trainer: type[ProxyTrainer], config: Mapping[str, Any] | None = None,
+                 proxies: list[str] | None = None) -> None:
+        self.trainer, self.config = trainer, dict(config or {})
+        self.names = list(proxies or PROXIES)
+        self.scorer: ProxyTrainer | None = None
+        self.cache: dict[str, list[float]] = {}
+
+    def __call__(self, path: Mapping[str, Any]) -> list[float]:
+        key = repr(sorted(path.items()))
+        if key not in self.cache:
+            if self.scorer is None:
+                self.scorer = start(self.trainer(), {**self.config, **path, "proxies": self.names},
+                                    WorkerContext(seed=0))
+            self.scorer.config = {**self.config, **path, "proxies": self.names}
+            metrics = self.scorer.step()
+            self.cache[key] = [float(metrics[name]) for name in self.names]
+        return self.cache[key]
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "scorer": None}  # rebuilt where it is used; the cache goes along
 
 
 def search_trainer(base: type[PathTrainer], weights: SharedWeights,

@@ -1,13 +1,15 @@
 """A fixed-length numeric encoding of a space's configs, for learned models of the metric.
 
 Each `Choice` is one-hot over its options, each `Int`/`Float` one number in [0, 1] (log-scaled for
-`log=True`); decisions of conditional branches not taken are all zeros; constants take no room.
+`log=True`); decisions of conditional branches not taken are all zeros; constants take no room. `features`, a
+function of a config to numbers (a zero-cost proxy's scores, say), adds those after the encoding, squashed by
+sign(v) * log1p(|v|) / 10 so that scores of any scale (synflow's reach 1e30) sit beside the one-hot columns.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -19,12 +21,16 @@ Layout = list[tuple[str, Any, int, list["Layout | None"]]]
 
 
 class Encoder:
-    """`encode(config) -> np.ndarray` of length `size` for configs of `space`."""
+    """`encode(config) -> np.ndarray` of length `size` for configs of `space`, with `features(config)` after the
+    encoding when given (their count is read from one call on a config of a fixed draw)."""
 
-    def __init__(self, space: Space) -> None:
-        self.space = space
+    def __init__(self, space: Space, features: Callable[[Config], Sequence[float]] | None = None) -> None:
+        self.space, self.features = space, features
         self.size = 0
         self.layout = self._plan(space)
+        self.base = self.size
+        if features is not None:
+            self.size += len(features(space.sample(np.random.default_rng(0))))
 
     def _plan(self, space: Space) -> Layout:
         layout: Layout = []
@@ -44,6 +50,7 @@ class Encoder:
         """The config's features (float32)."""
         out = np.zeros(self.size, dtype=np.float32)
         self._fill(self.layout, config, out)
+        self._add_features(config, out)
         return out
 
     def encode_many(self, configs: list[Config]) -> np.ndarray:
@@ -51,7 +58,17 @@ class Encoder:
         out = np.zeros((len(configs), self.size), dtype=np.float32)
         for row, config in zip(out, configs):
             self._fill(self.layout, config, row)
+            self._add_features(config, row)
         return out
+
+    def _add_features(self, config: Config, out: np.ndarray) -> None:
+        if self.features is None:
+            return
+        values = np.asarray(self.features(config), dtype=np.float64)
+        if values.shape != (self.size - self.base,) or not np.all(np.isfinite(values)):
+            raise ValueError(f"`features` must give {self.size - self.base} finite numbers for every config, got "
+                             f"{values.tolist()} for {config!r}")
+        out[self.base:] = np.sign(values) * np.log1p(np.abs(values)) / 10.0
 
     def _fill(self, layout: Layout, config: Mapping[str, Any], out: np.ndarray) -> None:
         for key, domain, offset, branches in layout:
