@@ -1,4 +1,4 @@
-"""The `nasplat` command: run, resume, status, export, report and serve experiments.
+"""The `nasplat` command: run, resume, retrain, status, export, report and serve experiments.
 
 Every error is one line on stderr, `nasplat <command>: error: ...`, and exit code 2; `--debug` shows the
 traceback instead. A `run` or `resume` that finished with trials failed and none completed, stopped or paused
@@ -26,6 +26,7 @@ from nasplat.engine.result import ExperimentResult
 from nasplat.executors import DEFAULT_EXECUTOR, EXECUTORS
 from nasplat.experiment.file import experiment_spec, read_experiment_file
 from nasplat.experiment.run import default_storage, resume, run_spec
+from nasplat.experiment.retrain import retrain
 from nasplat.integrations import CALLBACKS
 from nasplat.schedulers import SCHEDULERS
 from nasplat.storage import JOURNAL_FILE, FolderInUse, read_rows
@@ -107,6 +108,15 @@ def cmd_resume(args: argparse.Namespace) -> int:
     print(f"results: {result.location}")
     _summarise(result, top=5)
     return _nothing_succeeded(result, "resume")
+
+
+def cmd_retrain(args: argparse.Namespace) -> int:
+    """Train the experiment's chosen architecture standalone from scratch, as an experiment of its own."""
+    result = retrain(args.folder, trainer=args.trainer, trial=args.trial, epochs=args.epochs, storage=args.storage,
+                     name=args.name, seed=args.seed, progress=not args.quiet)
+    print(f"results: {result.location}  (nasplat export {result.location} --format pt)")
+    _summarise(result, top=1)
+    return _nothing_succeeded(result, "retrain")
 
 
 def _nothing_succeeded(result: ExperimentResult, command: str) -> int:
@@ -247,6 +257,18 @@ def parser() -> argparse.ArgumentParser:
     resume.add_argument("folder")
     resume.add_argument("--quiet", action="store_true")
     resume.set_defaults(func=cmd_resume)
+    again = sub.add_parser("retrain", parents=[debug],
+                           help="train the architecture a search chose standalone from scratch (a new experiment)")
+    again.add_argument("folder", help="the search's experiment folder (a supernet search, DARTS/GDAS, or any)")
+    again.add_argument("--trainer", help="the standalone trainer, module:Class (default: the search trainer's "
+                                         "RETRAIN_TRAINER)")
+    again.add_argument("--trial", type=int, help="retrain this trial's architecture (default: the best trial's)")
+    again.add_argument("--epochs", type=int, help="the config's `epochs` (default: the trainer's own)")
+    again.add_argument("--storage", help="where the new experiment goes (default: beside the folder)")
+    again.add_argument("--name", help="its name (default: <the folder's name>-retrain)")
+    again.add_argument("--seed", type=int, default=0)
+    again.add_argument("--quiet", action="store_true")
+    again.set_defaults(func=cmd_retrain)
     status = sub.add_parser("status", parents=[debug], help="a table of the best trials of an experiment folder")
     status.add_argument("folder")
     status.add_argument("--top", type=int, default=10)

@@ -34,7 +34,10 @@ def signal_data(name: str) -> Data:
 
 
 class _NB201:
-    """The data, the supernet and the path space both trainers share (a mixin before the trainer class)."""
+    """The data, the supernet and the path space these trainers share (a mixin before the trainer class), and the
+    standalone recipe a chosen cell is retrained with (`nasplat retrain`)."""
+
+    RETRAIN_TRAINER = "trainers.nb201_cell:NB201CellTrainer"
 
     def load_data(self, config: Config) -> Splits:
         return signal_data(config.get("dataset", "mnist1d"))
