@@ -154,7 +154,8 @@ def cmd_status(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     from nasplat.report import build_report
 
-    print(f"report: {build_report(args.folder)}")
+    path = build_report(args.folder, ground_truth=args.ground_truth, ground_truth_metric=args.ground_truth_metric)
+    print(f"report: {path}")
     return 0
 
 
@@ -290,6 +291,11 @@ def parser() -> argparse.ArgumentParser:
     report = sub.add_parser("report", parents=[debug],
                             help="write a self-contained HTML report into the experiment folder")
     report.add_argument("folder")
+    report.add_argument("--ground-truth", help="standalone results of the same architectures (an experiment folder "
+                        "or a .csv/.json/.jsonl/.parquet table): adds this search's metric against theirs, with the "
+                        "rank correlation")
+    report.add_argument("--ground-truth-metric", help="the ground truth's column to compare with (default: the "
+                        "experiment's metric)")
     report.set_defaults(func=cmd_report)
     serve = sub.add_parser("serve", parents=[debug], help="serve the report live while the experiment runs")
     serve.add_argument("folder")

@@ -116,7 +116,8 @@ class PathTrainer(OneShotTrainer):
     Made with `search_trainer` (which gives `weights` and the supernet's `supernet_config`, the keys it was built
     and trained with, under the trial's own); subclasses give `load_data` and `build_supernet` (as for
     `SupernetTrainer`: the same mixin). Config: the path's decisions, `bn_batches` (4). Reports `valid_acc`,
-    `valid_loss`, `params`, `test_acc` / `test_loss` where the data have a test split (to report only), `eval_ms`."""
+    `valid_loss`, `params`, `test_acc` / `test_loss` where the data have a test split (to report only), `eval_ms`,
+    and `inherited: 1.0` (the mark by which the report knows the accuracies for inherited ones)."""
 
     weights: ClassVar[SharedWeights | None] = None
     supernet_config: ClassVar[Mapping[str, Any]] = {}
@@ -137,7 +138,7 @@ class PathTrainer(OneShotTrainer):
         metrics: dict[str, Any] = evaluate_path(self.net, self.config, self.data, splits=self.splits,
                                                 bn_batches=self.bn_batches)
         metrics["eval_ms"] = 1000 * (time.perf_counter() - start)
-        metrics["done"] = True
+        metrics["inherited"], metrics["done"] = 1.0, True
         return metrics
 
     def state_dict(self) -> dict[str, Any]:

@@ -206,3 +206,48 @@ def rung_thresholds(cuts: pd.DataFrame, metric: str) -> str:
     ax.set_ylabel(f"{metric} needed")
     ax.legend(fontsize=7, loc="best")
     return to_svg(fig, "rung-thresholds")
+
+
+def supernet_curves(curves: pd.DataFrame) -> str:
+    """Two panels, one line per supernet training trial: `train_loss` and `valid_acc` (a band from `valid_acc_min`
+    to `valid_acc_max` where given) against `epoch`."""
+    fig, (ax_loss, ax_acc) = _figure(11, 3.4, ncols=2)
+    for i, (trial, group) in enumerate(curves.groupby("trial_id", sort=True)):
+        color = TOP_COLORS[i % len(TOP_COLORS)]
+        ax_loss.plot(group["epoch"], group["train_loss"], color=color, linewidth=1.4, label=f"trial {trial}")
+        ax_acc.plot(group["epoch"], group["valid_acc"], color=color, linewidth=1.4, marker=".", markersize=4)
+        if group["valid_acc_min"].notna().any():
+            ax_acc.fill_between(group["epoch"], group["valid_acc_min"], group["valid_acc_max"], color=color,
+                                alpha=0.15, linewidth=0)
+    ax_loss.set_ylabel("training loss")
+    ax_acc.set_ylabel("valid_acc of the judged paths")
+    for ax in (ax_loss, ax_acc):
+        ax.set_xlabel("epoch")
+    ax_loss.legend(fontsize=7, loc="upper right")
+    return to_svg(fig, "supernet-curves")
+
+
+def path_search(points: pd.DataFrame, metric: str) -> str:
+    """Two panels: each judged path's `value` against `n` (trial order) with the running `best`, and against
+    `params` (its parameter count)."""
+    fig, (ax_order, ax_params) = _figure(11, 3.4, ncols=2)
+    many = len(points) > RASTER_ABOVE
+    ax_order.scatter(points["n"], points["value"], s=7, color=GREY, linewidths=0, rasterized=many, label="a path")
+    ax_order.step(points["n"], points["best"], where="post", color="#d62728", linewidth=1.8, label="best so far")
+    ax_order.set_xlabel("paths judged")
+    ax_order.legend(fontsize=8, loc="lower right")
+    ax_params.scatter(points["params"], points["value"], s=7, color="#1f77b4", linewidths=0, rasterized=many)
+    ax_params.set_xlabel("parameters of the path")
+    for ax in (ax_order, ax_params):
+        ax.set_ylabel(f"inherited {metric}")
+    return to_svg(fig, "path-search")
+
+
+def inherited_vs_standalone(pairs: pd.DataFrame, x_label: str, y_label: str) -> str:
+    """One dot per architecture: `searched` (x) against `standalone` (y)."""
+    fig, (ax,) = _figure(6, 4.4)
+    ax.scatter(pairs["searched"], pairs["standalone"], s=14, color="#1f77b4", linewidths=0,
+               rasterized=len(pairs) > RASTER_ABOVE)
+    ax.set_xlabel(x_label)
+    ax.set_ylabel(y_label)
+    return to_svg(fig, "inherited-vs-standalone")

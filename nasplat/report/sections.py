@@ -2,7 +2,8 @@
 
 Sections: summary, best-so-far (against time and trials), learning curves, PBT schedules and exploit
 events, the evolution lineage (with the decision each mutation changed), decision importance (Optuna's
-fANOVA), the rungs of ASHA / Hyperband (trials per rung, promotion thresholds over time) and the top 10 trials.
+fANOVA), the rungs of ASHA / Hyperband (trials per rung, promotion thresholds over time), weight sharing (the
+supernet's training curve, the search over it, inherited against standalone accuracy) and the top 10 trials.
 A section that does not apply to the experiment says so in one line.
 """
 
@@ -21,6 +22,7 @@ from nasplat.core.rows import RESERVED
 from nasplat.core.trees import flatten
 from nasplat.report import plots
 from nasplat.report.frame import ReportFrame, changes_text, diff, figure, fmt, na, table
+from nasplat.report.oneshot import oneshot_section
 from nasplat.report.rungs import rungs_section
 from nasplat.storage import ROWS_FILE, write_atomic
 
@@ -28,7 +30,8 @@ REPORT_FILE = "report.html"
 TOP_K = 10
 SECTIONS = {"summary": "Summary", "best-so-far": "Best so far", "pareto": "Pareto front",
             "learning-curves": "Learning curves", "pbt": "PBT schedules and exploits", "lineage": "Evolution lineage",
-            "importance": "Decision importance", "rungs": "Rungs (ASHA, Hyperband)", "top": f"Top {TOP_K} trials"}
+            "importance": "Decision importance", "rungs": "Rungs (ASHA, Hyperband)",
+            "weight-sharing": "Weight sharing", "top": f"Top {TOP_K} trials"}
 
 
 # -- sections ----------------------------------------------------------------------------------------
@@ -238,14 +241,17 @@ def pareto_section(exp: ReportFrame, curve_points: int = 200) -> str:
 # -- page ----------------------------------------------------------------------------------------------
 
 
-def render_report(folder: str | Path) -> str:
-    """The report of the experiment in `folder` as one HTML string."""
+def render_report(folder: str | Path, *, ground_truth: str | Path | None = None,
+                  ground_truth_metric: str | None = None) -> str:
+    """The report of the experiment in `folder` as one HTML string; `ground_truth` (an experiment folder or a
+    table of standalone results, compared on `ground_truth_metric`, default the experiment's metric) adds the
+    scatter of this experiment's metric against it to the weight-sharing section."""
     exp = ReportFrame.load(folder)
     exploits = exploit_events(exp)
     bodies = {"summary": summary(exp), "best-so-far": best_section(exp), "pareto": pareto_section(exp),
               "learning-curves": curves_section(exp, exploits), "pbt": pbt_section(exp, exploits),
               "lineage": lineage_section(exp), "importance": importance_section(exp), "rungs": rungs_section(exp),
-              "top": top_section(exp)}
+              "weight-sharing": oneshot_section(exp, ground_truth, ground_truth_metric), "top": top_section(exp)}
     title = html.escape(f"nasplat report: {exp.meta.get('name', exp.folder.name)}")
     nav = "".join(f"<a href='#{key}'>{html.escape(label)}</a>" for key, label in SECTIONS.items())
     sections = "".join(f"<section id='{key}'><h2>{html.escape(SECTIONS[key])}</h2>{body}</section>"
@@ -255,11 +261,13 @@ def render_report(folder: str | Path) -> str:
             f"<body><h1>{title}</h1><nav>{nav}</nav>{sections}</body></html>\n")
 
 
-def build_report(folder: str | Path) -> Path:
-    """Write `<folder>/report.html` (atomically) and return its path."""
+def build_report(folder: str | Path, *, ground_truth: str | Path | None = None,
+                 ground_truth_metric: str | None = None) -> Path:
+    """Write `<folder>/report.html` (atomically) and return its path; `ground_truth` as for `render_report`."""
     folder = Path(folder)
     if not (folder / ROWS_FILE).exists():
         raise FileNotFoundError(f"{folder} is not an experiment folder: no {ROWS_FILE} in it")
     path = folder / REPORT_FILE
-    write_atomic(path, render_report(folder).encode("utf-8"))
+    write_atomic(path, render_report(folder, ground_truth=ground_truth,
+                                     ground_truth_metric=ground_truth_metric).encode("utf-8"))
     return path
