@@ -97,6 +97,30 @@ def test_a_constrained_space_never_evaluates_a_forbidden_path(weights: SharedWei
         start(trainer(), {e: "none" for e in nb201.EDGES}, WorkerContext())
 
 
+def test_report_test_false_judges_the_same_path_without_its_test_split(
+        supernet: NB201SupernetTrainer, weights: SharedWeights) -> None:
+    path = nb201.space.sample(np.random.default_rng(5))
+    full = start(search_trainer(NB201PathTrainer, weights, SUPERNET)(), path, WorkerContext()).step()
+    lean = start(search_trainer(NB201PathTrainer, weights, {**SUPERNET, "report_test": False})(), path,
+                 WorkerContext()).step()
+    assert "test_acc" in full and "test_acc" not in lean and "test_loss" not in lean
+    assert lean["valid_acc"] == full["valid_acc"] == reference(supernet, path)
+    with pytest.raises(ValueError, match=r"`report_test` must be true or false, got report_test='no'"):
+        start(search_trainer(NB201PathTrainer, weights, {**SUPERNET, "report_test": "no"})(), path, WorkerContext())
+
+
+def test_trials_of_one_search_class_reuse_its_loaded_supernet_in_a_process(
+        supernet: NB201SupernetTrainer, weights: SharedWeights) -> None:
+    trainer = search_trainer(NB201PathTrainer, weights, SUPERNET)
+    first, second = (nb201.space.sample(np.random.default_rng(seed)) for seed in (6, 7))
+    a, b = start(trainer(), first, WorkerContext()), start(trainer(), second, WorkerContext())
+    assert a.net is b.net  # built and loaded once
+    assert b.step()["valid_acc"] == reference(supernet, second) and a.step()["valid_acc"] == reference(supernet, first)
+    other = start(trainer(), {**first, "bn_batches": 2}, WorkerContext())  # other settings: a supernet of its own
+    assert other.net is not a.net
+    assert start(search_trainer(NB201PathTrainer, weights, SUPERNET)(), first, WorkerContext()).net is not a.net
+
+
 def test_forked_workers_read_the_drivers_tensors_and_nothing_from_disk(
         supernet: NB201SupernetTrainer, weights: SharedWeights, monkeypatch: pytest.MonkeyPatch) -> None:
     def no_disk(uri: str) -> Any:

@@ -20,14 +20,16 @@ import os
 import sys
 import time
 import warnings
+import weakref
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
 import numpy as np
 import torch
 
-from nasplat.core.checks import check_int
+from nasplat.core.checks import check_bool, check_int
 from nasplat.oneshot.proxies import PROXIES, score
+from nasplat.oneshot.supernet import Supernet
 from nasplat.oneshot.training import OneShotTrainer, evaluate_path
 from nasplat.space import Config
 from nasplat.storage.checkpoints import load_checkpoint
@@ -110,13 +112,20 @@ def _from_ref(ref: Any, source: str | None = None) -> SharedWeights:
     return weights
 
 
+# A search class's loaded supernet in this process: kept beside the class, not on it, so that pickling the class (to
+# Ray workers) never carries a built network along.
+_REUSED: weakref.WeakKeyDictionary[type, tuple[SharedWeights, tuple[tuple[str, str], ...], Supernet]] = \
+    weakref.WeakKeyDictionary()
+
+
 class PathTrainer(OneShotTrainer):
     """A trial that judges the path its config names by the shared supernet's weights; one step, `done: True`.
 
     Made with `search_trainer` (which gives `weights` and the supernet's `supernet_config`, the keys it was built
     and trained with, under the trial's own); subclasses give `load_data` and `build_supernet` (as for
-    `SupernetTrainer`: the same mixin). Config: the path's decisions, `bn_batches` (4). Reports `valid_acc`,
-    `valid_loss`, `params`, `test_acc` / `test_loss` where the data have a test split (to report only), `eval_ms`,
+    `SupernetTrainer`: the same mixin). Config: the path's decisions, `bn_batches` (4), `report_test` (True;
+    False skips the test split, a search's cheaper setting). Reports `valid_acc`, `valid_loss`, `params`,
+    `test_acc` / `test_loss` where the data have a test split and `report_test` holds (to report only), `eval_ms`,
     and `inherited: 1.0` (the mark by which the report knows the accuracies for inherited ones)."""
 
     weights: ClassVar[SharedWeights | None] = None
@@ -124,14 +133,32 @@ class PathTrainer(OneShotTrainer):
 
     def setup(self, config: Config, ctx: WorkerContext) -> None:
         config = {**self.supernet_config, **config}
-        self.setup_common(config, ctx)
         if self.weights is None:
             raise TypeError(f"{type(self).__name__} has no shared weights: make the class with "
                             f"search_trainer({type(self).__name__}, weights)")
-        self.net.load_state_dict(self.weights.tensors(), assign=True)  # the shared memory itself, not a copy
-        self.net.requires_grad_(False)
+        self.setup_common(config, ctx)
         self.space.validate({key: config[key] for key in self.space.domains})
         self.bn_batches = check_int("bn_batches", config.get("bn_batches", 4), minimum=0)
+        if not check_bool("report_test", config.get("report_test", True)):
+            self.splits = ("valid",)
+
+    def supernet_for(self, config: Config) -> Supernet:
+        """The supernet on the shared weights' memory (`assign`: not a copy), built once per process and search
+        class: later trials with the same settings besides their path reuse it (it is only read; a path is judged
+        on an extracted copy)."""
+        cached = _REUSED.get(type(self))
+        if cached is not None and cached[0] is self.weights and cached[1] == self._settings(config, cached[2]):
+            return cached[2]
+        net = super().supernet_for(config)
+        net.load_state_dict(self.weights.tensors(), assign=True)
+        net.requires_grad_(False)
+        _REUSED[type(self)] = (self.weights, self._settings(config, net), net)
+        return net
+
+    def _settings(self, config: Config, net: Supernet) -> tuple[tuple[str, str], ...]:
+        decisions = net.space().domains
+        return (("device", str(self.ctx.device)),
+                *sorted((key, repr(value)) for key, value in config.items() if key not in decisions))
 
     def step(self) -> dict[str, Any]:
         start = time.perf_counter()

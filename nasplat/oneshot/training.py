@@ -150,6 +150,11 @@ class OneShotTrainer(Trainer):
         """The paths a search may take; default: all of `supernet.space()`."""
         return supernet.space()
 
+    def supernet_for(self, config: Config) -> Supernet:
+        """The supernet this trial works on: a fresh one, torch seeded with the trial's seed before it is built."""
+        torch.manual_seed(self.ctx.seed)
+        return self.build_supernet(config, self.data).to(self.ctx.device)
+
     def setup_common(self, config: Config, ctx: WorkerContext) -> None:
         torch.set_num_threads(1)  # one trial = one worker on a one-CPU slot
         self.config, self.ctx = config, ctx
@@ -160,8 +165,7 @@ class OneShotTrainer(Trainer):
         self.x_train, self.y_train = ctx.shard(self.data.x_train)[:n], ctx.shard(self.data.y_train)[:n]
         self.batch_size = check_int("batch_size", config.get("batch_size", 64), minimum=1)
         self.splits = ("valid", "test") if hasattr(self.data, "x_test") else ("valid",)
-        torch.manual_seed(ctx.seed)
-        self.net = self.build_supernet(config, self.data).to(ctx.device)
+        self.net = self.supernet_for(config)
         self.space = check_same_decisions(self.path_space(config, self.net), self.net)
         self.epochs = check_int("epochs", config.get("epochs"), minimum=1, optional=True)  # None: constant lr
         self.epoch = 0
