@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import time
 from pathlib import Path
@@ -48,17 +47,17 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import numpy as np  # noqa: E402
-import torch  # noqa: E402
 from scipy.stats import kendalltau, spearmanr  # noqa: E402
 
 import nasplat  # noqa: E402
-from nasplat.oneshot import PROXIES, SharedWeights, score, search_trainer  # noqa: E402
+from nasplat.oneshot import ProxyFeatures, SharedWeights, search_trainer  # noqa: E402
 from nasplat.report import build_report  # noqa: E402
 from nasplat.trainer import WorkerContext, start  # noqa: E402
 from oneshot_truth import CELL_SEED, NET, Cache, CachedCellTrainer, key_of  # noqa: E402
 from search_spaces import nb201  # noqa: E402
-from search_spaces.nb201_supernet import NB201Supernet  # noqa: E402
-from trainers.supernet import NB201DartsTrainer, NB201PathTrainer, NB201SupernetTrainer, signal_data  # noqa: E402
+from trainers.supernet import (  # noqa: E402
+    NB201DartsTrainer, NB201PathTrainer, NB201ProxyTrainer, NB201SupernetTrainer, signal_data)
+
 
 def supernet_config(args: argparse.Namespace) -> dict[str, Any]:
     """The supernet's training settings (the heuristics the docstring names)."""
@@ -84,12 +83,11 @@ def path_trainer(weights: SharedWeights, *, report_test: bool) -> type[NB201Path
     return search_trainer(NB201PathTrainer, weights, {**NET, "bn_batches": 4, "report_test": report_test})
 
 
-def ranking(weights: SharedWeights, archs: list[str], draws: int, seed: int, out: Path
-            ) -> tuple[list[float], list[float], Path]:
+def ranking(weights: SharedWeights, archs: list[str], seed: int, out: Path) -> tuple[list[float], list[float], Path]:
     """The inherited validation accuracy and loss of each ground-truth cell, judged as trials of a search (random
     search seeded as the ground truth's draw proposes exactly its cells), and that search's folder."""
     result = nasplat.run(trainer=path_trainer(weights, report_test=True), space=nb201.space, metric="valid_acc",
-                         controller="random", seed=0, executor="local", max_trials=draws, max_steps=1, storage=out,
+                         controller="random", seed=0, executor="local", max_trials=len(archs), max_steps=1, storage=out,
                          name=f"ranking-seed{seed}", progress=False)
     judged = [r for r in result.rows if r.get("valid_acc") is not None]
     inherited = {key_of(r["config"]): float(r["valid_acc"]) for r in judged}
@@ -101,19 +99,11 @@ def ranking(weights: SharedWeights, archs: list[str], draws: int, seed: int, out
 
 
 def proxy_scores(archs: list[str]) -> dict[str, list[float]]:
-    """Each proxy of each cell: the path of one untrained supernet (init seed 0), the first 64 training signals."""
-    torch.set_num_threads(1)
-    data = signal_data("mnist1d")
-    torch.manual_seed(0)
-    net = NB201Supernet(data.in_channels, data.num_classes, channels=NET["channels"],
-                        cells_per_stage=NET["cells_per_stage"])
-    x, y = data.x_train[:64], data.y_train[:64]
-    out: dict[str, list[float]] = {name: [] for name in PROXIES}
-    for arch in archs:
-        for name in PROXIES:
-            value = score(name, net, x, y, config=nb201.from_arch_str(arch))
-            out[name].append(math.copysign(1e300, value) if math.isinf(value) else value)
-    return out
+    """Each proxy of each cell, as a search's `ProxyTrainer` trials score it: one untrained supernet (init seed 0),
+    the first 64 training signals."""
+    features = ProxyFeatures(NB201ProxyTrainer, NET)
+    scores = [features(nb201.from_arch_str(arch)) for arch in archs]
+    return {name: [row[i] for row in scores] for i, name in enumerate(features.names)}
 
 
 def oneshot_search(weights: SharedWeights, seed: int, args: argparse.Namespace, out: Path
@@ -176,7 +166,7 @@ def one_seed(seed: int, args: argparse.Namespace, out: Path, cache: Cache, archs
     print(f"seed {seed}", flush=True)
     row: dict[str, Any] = {"seed": seed}
     weights, sn_cpu, row["supernet_wall_s"] = train_supernet(seed, args, out)
-    inherited, losses, ranked_in = ranking(weights, archs, len(archs), seed, out)
+    inherited, losses, ranked_in = ranking(weights, archs, seed, out)
     row["kendall_tau"] = float(kendalltau(inherited, valid).statistic)
     row["kendall_tau_loss"] = float(kendalltau(-np.array(losses), valid).statistic)  # reported beside, not chosen
     print(f"  kendall tau against standalone valid acc, {len(archs)} cells: inherited valid acc "

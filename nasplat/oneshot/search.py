@@ -35,6 +35,8 @@ from nasplat.space import Config
 from nasplat.storage.checkpoints import load_checkpoint
 from nasplat.trainer import WorkerContext, start
 
+Settings = tuple[tuple[str, str], ...]  # a trial config's keys besides its path, as sorted (key, repr) pairs
+
 
 def _array(value: Any) -> np.ndarray:
     array = np.ascontiguousarray(value.detach().cpu().numpy() if isinstance(value, torch.Tensor) else value)
@@ -112,9 +114,9 @@ def _from_ref(ref: Any, source: str | None = None) -> SharedWeights:
     return weights
 
 
-# A search class's loaded supernet in this process: kept beside the class, not on it, so that pickling the class (to
-# Ray workers) never carries a built network along.
-_REUSED: weakref.WeakKeyDictionary[type, tuple[SharedWeights, tuple[tuple[str, str], ...], Supernet]] = \
+# A search class's loaded supernet in this process, with the settings it was built with (the config's non-path
+# keys): kept beside the class, not on it, so that pickling the class (to Ray workers) never carries a network.
+_REUSED: weakref.WeakKeyDictionary[type, tuple[SharedWeights, frozenset[str], Settings, Supernet]] = \
     weakref.WeakKeyDictionary()
 
 
@@ -147,16 +149,18 @@ class PathTrainer(OneShotTrainer):
         class: later trials with the same settings besides their path reuse it (it is only read; a path is judged
         on an extracted copy)."""
         cached = _REUSED.get(type(self))
-        if cached is not None and cached[0] is self.weights and cached[1] == self._settings(config, cached[2]):
-            return cached[2]
+        if cached is not None:
+            weights, decisions, settings, net = cached
+            if weights is self.weights and settings == self._settings(config, decisions):
+                return net
         net = super().supernet_for(config)
         net.load_state_dict(self.weights.tensors(), assign=True)
         net.requires_grad_(False)
-        _REUSED[type(self)] = (self.weights, self._settings(config, net), net)
+        decisions = frozenset(net.space().domains)
+        _REUSED[type(self)] = (self.weights, decisions, self._settings(config, decisions), net)
         return net
 
-    def _settings(self, config: Config, net: Supernet) -> tuple[tuple[str, str], ...]:
-        decisions = net.space().domains
+    def _settings(self, config: Config, decisions: frozenset[str]) -> Settings:
         return (("device", str(self.ctx.device)),
                 *sorted((key, repr(value)) for key, value in config.items() if key not in decisions))
 
