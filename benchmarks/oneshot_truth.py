@@ -4,7 +4,8 @@ A cell's standalone result is a function of the cell and the recipe (`trainers.n
 one `nasplat retrain` uses for NB-201 searches: `epochs` epochs, lr 0.05, batch 64, weight decay 3e-4, a trainer
 seed, one torch thread). `Cache` keeps each cell's valid_acc, test_acc, epochs and CPU seconds in a JSON file named
 by the recipe's hash, so that reruns reuse the ground truth; a cell taken from the cache is charged its recorded CPU
-seconds in full.
+seconds in full. `standalone_reproducibility` measures how well one standalone training ranks the cells that
+another (other trainer seeds) does.
 """
 
 from __future__ import annotations
@@ -15,6 +16,9 @@ import multiprocessing as mp
 import time
 from pathlib import Path
 from typing import Any
+
+import numpy as np
+from scipy.stats import kendalltau
 
 from nasplat.trainer import Trainer, WorkerContext, start
 from search_spaces import nb201
@@ -113,3 +117,22 @@ class CachedCellTrainer(Trainer):
         cached = self.CACHE.get(self.arch)
         result = dict(cached) if cached is not None else train_cell(self.arch, self.EPOCHS)
         return {**result, "cached": float(cached is not None), "arch": self.arch, "done": True}
+
+
+def standalone_reproducibility(valid: np.ndarray, repeats: list[np.ndarray], seeds: list[int]) -> dict[str, Any]:
+    """How well standalone training ranks the ground truth's cells (printed as well): the Kendall tau against the
+    ground truth `valid` of each repeat (the same cells, trainer seeds `seeds`) and of the repeats' mean accuracy,
+    and the mean tau of each training (ground truth or repeat) against the mean of the others."""
+    if not repeats:
+        return {"standalone_repeat_tau": None, "standalone_repeat_tau_per_seed": [], "standalone_mean_repeat_tau": None,
+                "standalone_leave_one_out_tau": None}
+    per_seed = [round(float(kendalltau(r, valid).statistic), 4) for r in repeats]
+    of_mean = round(float(kendalltau(np.mean(repeats, axis=0), valid).statistic), 4)
+    runs = [valid, *repeats]
+    left_out = [float(kendalltau(run, np.mean(runs[:i] + runs[i + 1:], axis=0)).statistic) for i, run in enumerate(runs)]
+    print("  kendall tau of standalone repeats against trainer seed "
+          f"{CELL_SEED}: " + ", ".join(f"seed {s} {t:+.3f}" for s, t in zip(seeds, per_seed))
+          + f"; their mean accuracy {of_mean:+.3f}; each training against the mean of the others "
+          f"{np.mean(left_out):+.3f}", flush=True)
+    return {"standalone_repeat_tau": round(float(np.mean(per_seed)), 4), "standalone_repeat_tau_per_seed": per_seed,
+            "standalone_mean_repeat_tau": of_mean, "standalone_leave_one_out_tau": round(float(np.mean(left_out)), 4)}
