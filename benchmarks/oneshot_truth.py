@@ -129,7 +129,8 @@ def standalone_reproducibility(valid: np.ndarray, repeats: list[np.ndarray], see
     per_seed = [round(float(kendalltau(r, valid).statistic), 4) for r in repeats]
     of_mean = round(float(kendalltau(np.mean(repeats, axis=0), valid).statistic), 4)
     runs = [valid, *repeats]
-    left_out = [float(kendalltau(run, np.mean(runs[:i] + runs[i + 1:], axis=0)).statistic) for i, run in enumerate(runs)]
+    left_out = [float(kendalltau(run, np.mean(runs[:i] + runs[i + 1:], axis=0)).statistic)
+                for i, run in enumerate(runs)]
     print("  kendall tau of standalone repeats against trainer seed "
           f"{CELL_SEED}: " + ", ".join(f"seed {s} {t:+.3f}" for s, t in zip(seeds, per_seed))
           + f"; their mean accuracy {of_mean:+.3f}; each training against the mean of the others "
