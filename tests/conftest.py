@@ -1,12 +1,15 @@
-"""Shared fixtures: one real local Ray for the whole session, the shared reference data; the Hypothesis profiles."""
+"""Shared fixtures: one real local Ray and one MLflow server for the whole session, the shared reference data; the
+Hypothesis profiles."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from hypothesis import settings
+from servers import mlflow_server
 
 # Hypothesis profiles. `ci` (the default: `make test`, CI) draws the same examples on every run: derandomized, no
 # example database, no deadline (timings on shared cores are not part of a test). `explore` is run on purpose to
@@ -37,3 +40,10 @@ def ray_session() -> str:
              _system_config={"metrics_report_interval_ms": 1000})
     yield ray.get_runtime_context().gcs_address
     ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def mlflow_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A real MLflow tracking server on 127.0.0.1, started for the first test that needs it (30-60 s here)."""
+    with mlflow_server(tmp_path_factory.mktemp("mlflow")) as url:
+        yield url

@@ -12,14 +12,8 @@ import contextlib
 import io
 import json
 import math
-import os
 import re
-import signal
-import socket
-import subprocess
 import sys
-import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +23,7 @@ import pytest
 import torch
 import yaml
 from browser import chromium, console_errors, needs_chromium
+from servers import free_port, server
 from sklearn.datasets import load_digits
 
 import nasplat
@@ -83,58 +78,6 @@ class TinyMLP(Trainer):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-@contextlib.contextmanager
-def server(command: list[str], ready_url: str, log: Path, **env: str) -> Iterator[subprocess.Popen]:
-    """Start `command` (with `env` added to the environment) in its own process group, wait until `ready_url`
-    answers 200, stop the group after."""
-    with open(log, "w") as out:
-        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-                                   env={**os.environ, **env})
-    try:
-        for _ in range(600):  # up to 2 minutes: MLflow migrates its SQLite database first
-            if process.poll() is not None:
-                pytest.fail(f"{command[:3]} exited with {process.returncode}: {log.read_text()[-2000:]}")
-            try:
-                with urllib.request.urlopen(ready_url, timeout=1) as response:
-                    if response.status == 200:
-                        break
-            except OSError:
-                try:
-                    process.wait(timeout=0.2)
-                except subprocess.TimeoutExpired:
-                    pass
-        else:
-            pytest.fail(f"{ready_url} did not answer: {log.read_text()[-2000:]}")
-        yield process
-    finally:
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
-
-
-@pytest.fixture(scope="module")
-def mlflow_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A real `mlflow server` with a SQLite backend on a free 127.0.0.1 port."""
-    root = tmp_path_factory.mktemp("mlflow")
-    port = free_port()
-    command = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}",
-               "--default-artifact-root", str(root / "artifacts"), "--host", "127.0.0.1", "--port", str(port),
-               "--workers", "1"]
-    # the tracking server alone: no background job runner (MLflow 3 starts seven worker processes for it)
-    with server(command, f"http://127.0.0.1:{port}/health", root / "server.log",
-                MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false"):
-        yield f"http://127.0.0.1:{port}"
 
 
 def run_file(folder: Path, name: str, **spec: Any) -> tuple[Path, str]:

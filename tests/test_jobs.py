@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import shlex
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -20,6 +19,7 @@ import pytest
 import yaml
 from processes import kill_session
 from ray.job_submission import JobStatus, JobSubmissionClient
+from servers import free_port
 
 import nasplat
 from nasplat.engine.result import ExperimentResult
@@ -57,12 +57,6 @@ class Head:
     env: dict[str, str]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def head() -> Iterator[Head]:
     """`ray start --head --block` with the dashboard, its own temp dir, ports and auth token; torn down by
@@ -71,10 +65,10 @@ def head() -> Iterator[Head]:
     token = uuid.uuid4().hex
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=token, RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S="0")
-    dashboard = _free_port()
-    ports = {"port": _free_port(), "dashboard-port": dashboard, "ray-client-server-port": _free_port(),
-             "dashboard-agent-listen-port": _free_port(), "dashboard-agent-grpc-port": _free_port(),
-             "metrics-export-port": _free_port(), "runtime-env-agent-port": _free_port()}
+    dashboard = free_port()
+    ports = {"port": free_port(), "dashboard-port": dashboard, "ray-client-server-port": free_port(),
+             "dashboard-agent-listen-port": free_port(), "dashboard-agent-grpc-port": free_port(),
+             "metrics-export-port": free_port(), "runtime-env-agent-port": free_port()}
     args = [str(BIN / "ray"), "start", "--head", "--block", "--num-cpus=2", f"--temp-dir={temp}",
             "--include-dashboard=true", "--dashboard-host=127.0.0.1", "--disable-usage-stats",
             *(f"--{k}={v}" for k, v in ports.items())]
