@@ -132,8 +132,9 @@ class Trainer(ABC):
         `processes`, to move a waiting trial to another worker; and right before every `load_state_dict`, as the
         tensors to copy into.
         Arguments: none.
-        Returns: a nested structure (dicts, lists, tuples) of torch tensors and plain values that pickle
-        (`torch.save` writes it to a checkpoint's `state.pt`). Live tensors are fine: nasplat copies or serialises
+        Returns: a nested structure (dicts, lists, tuples) of torch tensors, numpy arrays and plain values
+        (`torch.save` writes it to a checkpoint's `state.pt`, read back as data with `weights_only=True`: another
+        Python object in it makes its checkpoints unreadable without `--trust-pickle`). Live tensors are fine: nasplat copies or serialises
         the state before the trainer steps again. The default raises NotImplementedError: a checkpoint then
         fails (recorded as failed; the trial goes on), and exploits, `inherit_weights` and pausing need a real one.
         """

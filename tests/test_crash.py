@@ -74,7 +74,7 @@ if sys.argv[1] == "run":
                 controller_options={"population_size": 4, "sample_size": 2}, max_trials=12, max_steps=3, seed=7,
                 storage=sys.argv[2], name="exp", checkpoint={"every": 1})
 else:
-    nasplat.resume(Path(sys.argv[2]) / "exp")
+    nasplat.resume(Path(sys.argv[2]) / "exp", allow_pickle=True)  # Toy lives in this script's __main__
 print("EVENTS", events[0])
 """
 

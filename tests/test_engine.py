@@ -147,7 +147,7 @@ def test_resume_after_the_driver_is_killed_loses_and_duplicates_nothing(tmp_path
     assert 0 < len(before) < 30
     env["CRASH_MARKER"] = str(tmp_path / "crashed")  # exists now: the resumed run does not crash
     os.environ["CRASH_MARKER"] = env["CRASH_MARKER"]
-    resumed = nasplat.resume(tmp_path / "exp")
+    resumed = nasplat.resume(tmp_path / "exp", allow_pickle=True)  # its trainer lives in a script's __main__
     unbroken = subprocess.run([sys.executable, str(script), str(tmp_path), "unbroken"], env=env, capture_output=True)
     assert unbroken.returncode == 0, unbroken.stderr.decode()[-2000:]
     reference = ExperimentResult.load(tmp_path / "unbroken").rows

@@ -41,7 +41,7 @@ kwargs = dict(trainer=Held, space={{"channels": Choice([4]), "train_size": Choic
 if sys.argv[1] == "run":
     nasplat.run(**kwargs)
 else:
-    nasplat.resume(sys.argv[2] + "/supernet", progress=False)
+    nasplat.resume(sys.argv[2] + "/supernet", progress=False, allow_pickle=True)
 """
 
 

@@ -18,7 +18,8 @@ import traceback
 
 from nasplat.cli.arguments import parser
 from nasplat.engine.records import ExperimentFailed
-from nasplat.storage import FolderInUse
+from nasplat.space.data import NotData
+from nasplat.storage import FolderInUse, PickleRefused
 
 __all__ = ["main", "parser"]
 
@@ -46,7 +47,7 @@ def _one_line(exc: BaseException) -> str:
 
     message = " ".join(str(exc).split()) or "(no message)"
     expected = (ValueError, TypeError, FileNotFoundError, FileExistsError, NotADirectoryError, IsADirectoryError)
-    if isinstance(exc, (FolderInUse, ExperimentFailed, MissingExtra)) or (
+    if isinstance(exc, (FolderInUse, ExperimentFailed, MissingExtra, PickleRefused, NotData)) or (
             isinstance(exc, expected) and type(exc).__module__ == "builtins"):
         return message
     return f"{type(exc).__name__}: {message} (run with --debug for the traceback)"

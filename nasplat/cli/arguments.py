@@ -56,6 +56,9 @@ def parser() -> argparse.ArgumentParser:
     resume = sub.add_parser("resume", parents=[debug], help="finish a killed experiment from its folder")
     resume.add_argument("folder")
     resume.add_argument("--quiet", action="store_true")
+    resume.add_argument("--trust-pickle", action="store_true",
+                        help="load an experiment stored as a pickle (experiment.pkl: live Python objects), which runs "
+                             "code from the folder: only for folders you trust")
     resume.set_defaults(func=cmd_resume)
     again = sub.add_parser("retrain", parents=[debug],
                            help="train the architecture a search chose standalone from scratch (a new experiment)")

@@ -89,7 +89,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_resume(args: argparse.Namespace) -> int:
     """Finish a killed experiment from its folder, then print its best trials."""
-    result = resume(args.folder, progress=not args.quiet)
+    result = resume(args.folder, progress=not args.quiet, allow_pickle=args.trust_pickle)
     print(f"results: {result.location}")
     _summarise(result, top=5)
     return _nothing_succeeded(result, "resume")

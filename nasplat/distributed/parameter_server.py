@@ -7,7 +7,9 @@ waits until the slowest catches up (stale synchronous parallel; a rank between t
 back). Every `snapshot_every` updates, and whenever a trial (re)initialises it, the server writes a snapshot into
 its folder (in the experiment's checkpoint storage, or a scratch folder on its node); Ray restarts a dead server
 with the same arguments and `__init__` resumes from that snapshot, so the workers retry their push and the trial
-goes on (losing at most the updates since the snapshot).
+goes on (losing at most the updates since the snapshot). A snapshot is data (`torch.save`, read back with
+`weights_only`): the optimizer is named by its dotted path, so one whose class cannot be imported by name (defined
+in a script's `__main__`) is not restored and the trial's rank 0 initialises the server again.
 """
 
 from __future__ import annotations
@@ -17,11 +19,14 @@ import os
 import socket
 from typing import Any
 
-import cloudpickle
+import io
+
 import numpy as np
 import torch
 
 from nasplat.storage import Storage
+from nasplat.storage.checkpoints import load_state_bytes
+from nasplat.trainer import resolve
 
 Generation = tuple[int, int]  # (gang epoch: one per launch/exploit, re-initialisation within it)
 
@@ -55,8 +60,8 @@ class ParameterServer:
     """
 
     def __init__(self, index: int, folder: str) -> None:
-        """Server `index` of a gang, snapshotting to `folder` (a path or URI) as `shard-<index>.pkl`."""
-        self.index, self.folder, self.name = index, Storage(folder), f"shard-{index}.pkl"
+        """Server `index` of a gang, snapshotting to `folder` (a path or URI) as `shard-<index>.pt`."""
+        self.index, self.folder, self.name = index, Storage(folder), f"shard-{index}.pt"
         self.spec: dict[str, Any] = {"generation": (-1, -1)}
         self.params: list[torch.Tensor] = []
         self.clocks: list[int] = []
@@ -64,10 +69,17 @@ class ParameterServer:
         self.updates, self.restored = 0, False
         self.condition = asyncio.Condition()
         if self.folder.exists(self.name):
-            snapshot = cloudpickle.loads(self.folder.read(self.name))
-            self._build(snapshot["spec"], snapshot["weights"])
-            self.optimizer.load_state_dict(snapshot["optimizer"])
-            self.clocks, self.updates, self.restored = snapshot["clocks"], snapshot["updates"], True
+            self._restore(load_state_bytes(self.folder.read(self.name), f"{folder}/{self.name}"))
+
+    def _restore(self, snapshot: dict[str, Any]) -> None:
+        """Take up `snapshot` (see `snapshot`), unless its optimizer class cannot be imported by its name."""
+        try:
+            optimizer_cls = resolve(snapshot["spec"]["optimizer_cls"], what="the snapshot's optimizer")
+        except ValueError:
+            return
+        self._build({**snapshot["spec"], "optimizer_cls": optimizer_cls}, snapshot["weights"])
+        self.optimizer.load_state_dict(snapshot["optimizer"])
+        self.clocks, self.updates, self.restored = snapshot["clocks"], snapshot["updates"], True
 
     @property
     def generation(self) -> Generation:
@@ -162,9 +174,13 @@ class ParameterServer:
 
     def snapshot(self) -> None:
         """Write the shard, optimizer state and clocks to the folder, atomically."""
-        snapshot = {"spec": self.spec, "weights": self.weights(), "optimizer": self.optimizer.state_dict(),
+        cls = self.spec["optimizer_cls"]
+        spec = {**self.spec, "optimizer_cls": f"{cls.__module__}:{cls.__qualname__}"}
+        snapshot = {"spec": spec, "weights": self.weights(), "optimizer": self.optimizer.state_dict(),
                     "clocks": list(self.clocks), "updates": self.updates}
-        self.folder.write(self.name, cloudpickle.dumps(snapshot))  # cloudpickle: the optimizer may be the user's own
+        buffer = io.BytesIO()
+        torch.save(snapshot, buffer)
+        self.folder.write(self.name, buffer.getvalue())
 
     def close(self) -> None:
         """Remove the snapshot (the gang is going away), and the gang's folder once its last server has closed."""

@@ -17,6 +17,7 @@ from nasplat.experiment.spec import ExperimentSpec
 from nasplat.integrations import make_callbacks
 from nasplat.schedulers import make_scheduler
 from nasplat.space import Space
+from nasplat.space.data import stored_space
 from nasplat.storage.checkpoints import CheckpointPolicy
 from nasplat.trainer import Trainer, check_trainer, resolve
 
@@ -100,7 +101,7 @@ def _new_controller(cls: Any, space: Any, *, metric: str | Sequence[str] | None,
     metric, mode, seed and constraints and the controller's `options`."""
     if space is None or metric is None:
         raise ValueError(f"`space` and `metric` are needed to build a controller, got space={space!r}, {metric=!r}")
-    space = resolve(space, what="space")
+    space = stored_space(resolve(space, what="space"))
     extra = {"constraints": constraints} if constraints is not None else {}
     return cls(space if isinstance(space, Space) else Space(space), metric=metric, mode=mode, seed=seed,
                **extra, **dict(options or {}))

@@ -19,7 +19,9 @@ from nasplat.experiment.build import BuiltExperiment, build, make_controller, ma
 from nasplat.experiment.spec import ExperimentSpec
 from nasplat.integrations import default_listeners
 from nasplat.schedulers import Scheduler
-from nasplat.storage import META_FILE, ExperimentFolder, is_uri, read_spec
+from nasplat.space import Space
+from nasplat.space.data import NotData, space_to_data
+from nasplat.storage import META_FILE, ROWS_FILE, SPACE_FILE, ExperimentFolder, is_uri, read_spec
 from nasplat.storage.checkpoints import CheckpointPolicy
 
 __all__ = ["default_storage", "make_controller", "make_executor", "resume", "run", "run_spec", "storage_location"]
@@ -103,15 +105,21 @@ def run_spec(spec: ExperimentSpec, *, progress: bool = False,
     return _engine(built, folder, progress).run()
 
 
-def resume(location: str | Path, *, progress: bool = False) -> ExperimentResult:
+def resume(location: str | Path, *, progress: bool = False, allow_pickle: bool = False) -> ExperimentResult:
     """Finish the experiment at `location` (a folder or URI): the controller is rebuilt by replaying the recorded
-    rows, running trials continue from their latest checkpoint; no recorded row is lost or duplicated."""
+    rows, running trials continue from their latest checkpoint; no recorded row is lost or duplicated.
+
+    An experiment stored as a pickle (`experiment.pkl`: live objects were handed to `nasplat.run`) runs code from
+    the folder when loaded: it is refused unless `allow_pickle=True`, before the folder is locked or changed."""
     from nasplat.engine.replay import resume_engine
 
     folder = ExperimentFolder(location)
+    if folder.remote is not None and not (folder.path / ROWS_FILE).exists():
+        folder.uploaded = folder.remote.download(folder.path)
+    spec = read_spec(folder.path, allow_pickle=allow_pickle)  # refused before the lock is taken
     rows, journal = folder.open_existing()
     try:
-        engine = _engine(_build(read_spec(folder.path)), folder, progress)
+        engine = _engine(_build(spec), folder, progress)
         line = resume_engine(engine, rows, journal)
     except BaseException:
         folder.close()
@@ -159,8 +167,21 @@ def _create_folder(built: BuiltExperiment, storage: str) -> ExperimentFolder:
                 **({"constraints": [str(c) for c in ctrl.constraints]} if ctrl.constraints else {}))
     if isinstance(ctrl, Scheduler):  # the wrapped controller, and the rungs for the report
         meta.update(controller=type(ctrl.controller).__name__, schedule=ctrl.describe())
-    folder.create({META_FILE: json.dumps(meta, indent=2).encode(), **built.spec.named(built.name).files()})
+    folder.create({META_FILE: json.dumps(meta, indent=2).encode(), **built.spec.named(built.name).files(),
+                   **_space_file(ctrl)})
     return folder
+
+
+def _space_file(controller: Searcher) -> dict[str, bytes]:
+    """`space.json` for the folder: the search space as plain data, which `report`, `status` and `serve` read
+    instead of the spec; none when the space holds something that is not data (a domain class of the user's)."""
+    space = getattr(controller.controller if isinstance(controller, Scheduler) else controller, "space", None)
+    if not isinstance(space, Space):
+        return {}
+    try:
+        return {SPACE_FILE: json.dumps(space_to_data(space), indent=1).encode()}
+    except NotData:
+        return {}
 
 
 def _build(spec: ExperimentSpec | Mapping[str, Any]) -> BuiltExperiment:

@@ -8,8 +8,10 @@ from_dict` reads that back, from folders of every earlier version too (keys adde
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, fields, replace
+from types import FunctionType
 from typing import Any
 
 import cloudpickle
@@ -22,6 +24,8 @@ from nasplat.executors import DEFAULT_EXECUTOR, EXECUTORS
 from nasplat.executors.base import Executor
 from nasplat.integrations import CALLBACKS
 from nasplat.schedulers import check_scheduler
+from nasplat.space import Domain, Space
+from nasplat.space.data import SPACE_DATA, NotData, space_to_data
 from nasplat.storage import SPEC_JSON, SPEC_PICKLE
 from nasplat.storage.checkpoints import CheckpointPolicy
 
@@ -124,9 +128,10 @@ class ExperimentSpec:
 
     def files(self) -> dict[str, bytes]:
         """The spec as the experiment folder stores it: `experiment.json` when it is plain data (names, dotted
-        paths, numbers), else `experiment.pkl`; objects that cannot be pickled are named before anything is
-        written."""
-        data = self.to_dict()
+        paths, numbers; classes and functions importable by name are stored by their dotted path, a space of
+        plain domains as data), else `experiment.pkl`; objects that cannot be pickled are named before anything
+        is written."""
+        data = {key: as_data(value) for key, value in self.to_dict().items()}
         try:
             text = json.dumps(data, indent=2, allow_nan=False)
             if json.loads(text) == data:
@@ -134,7 +139,36 @@ class ExperimentSpec:
         except (TypeError, ValueError):
             pass
         try:
-            return {SPEC_PICKLE: cloudpickle.dumps(data)}
+            return {SPEC_PICKLE: cloudpickle.dumps(self.to_dict())}
         except Exception as exc:
             raise ValueError(f"the experiment cannot be saved to `storage`: {type(exc).__name__}: {exc}; give the "
                              "trainer, space and controller by dotted path and name, or objects that pickle") from None
+
+
+def as_data(value: Any) -> Any:
+    """`value` as the experiment folder can store it as JSON where that keeps its meaning: a class or function
+    that its module holds under its name becomes that dotted path ('package.module:Name'), a space of plain domains
+    becomes `{SPACE_DATA: ...}` (`nasplat.space.data`), a checkpoint policy its fields; anything else is kept (and
+    makes the experiment a pickle if it is not JSON)."""
+    if isinstance(value, (type, FunctionType)):
+        return dotted_name(value) or value
+    if isinstance(value, CheckpointPolicy):
+        return asdict(value)
+    if isinstance(value, Mapping) and not isinstance(value, Space) and any(isinstance(v, Domain) for v in
+                                                                            value.values()):
+        value = Space(value)
+    if isinstance(value, Space) and not value.forbidden:
+        try:
+            return {SPACE_DATA: space_to_data(value)}
+        except NotData:
+            return value
+    return value
+
+
+def dotted_name(obj: Any) -> str | None:
+    """'module:qualname' when importing that gives back `obj` itself, else None (`__main__`, a local class)."""
+    module, name = getattr(obj, "__module__", None), getattr(obj, "__qualname__", "")
+    if not module or module == "__main__" or "<" in name or "." in name:
+        return None
+    found = getattr(sys.modules.get(module), name, None)
+    return f"{module}:{name}" if found is obj else None

@@ -19,8 +19,8 @@ from nasplat.core.pareto import better
 from nasplat.core.rows import Status
 from nasplat.engine.result import ExperimentResult
 from nasplat.space import Choice, Float, Int, Space
-from nasplat.storage import read_spec
-from nasplat.trainer import resolve
+from nasplat.space.data import space_from_data
+from nasplat.storage import SPACE_FILE
 
 if TYPE_CHECKING:
     import optuna
@@ -37,7 +37,7 @@ def to_optuna(result: ExperimentResult, storage: str | None = None, study_name: 
     Each trial's value is the best of its steps (as `result.ranked()` ranks trials), so the study's
     `best_trial` is `result.best`'s trial when that trial completed. The params are the trial's first
     config; a config that PBT changed later is in the user attribute `nasplat_final_config`. `space`:
-    the search space (default: read from the experiment folder's `experiment.pkl`).
+    the search space (default: the experiment folder's `space.json`).
     """
     import optuna
 
@@ -73,16 +73,19 @@ def param_importances(result: ExperimentResult, *, evaluator: str = "fanova", se
 
 
 def experiment_space(result: ExperimentResult) -> Space:
-    """The search space of `result`'s experiment, rebuilt from the experiment saved in its folder."""
+    """The search space of `result`'s experiment, from its folder's `space.json` (plain data: nothing in the folder
+    is imported or unpickled)."""
     if result.path is None:
         raise ValueError("the search space is needed: pass `space=` (this result has no experiment folder)")
+    path = result.path / SPACE_FILE
+    if not path.exists():
+        raise ValueError(f"{path} is missing (the folder was made by an older nasplat, or its space holds something "
+                         f"that is not plain data); pass `space=`")
     try:
-        spec = read_spec(result.path)
-        space = spec["space"] if spec["space"] is not None else getattr(spec["controller"], "space", None)
-        space = resolve(space, what="space")  # the space's module must be importable
-        return space if isinstance(space, Space) else Space(space)
-    except Exception as exc:
-        raise ValueError(f"cannot read the search space from {result.path}: {exc}; pass `space=`") from exc
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as exc:
+        raise ValueError(f"{path}: cannot read it as JSON ({exc})") from None
+    return space_from_data(data, source=str(path))
 
 
 def distributions(space: Space, config: dict[str, Any], prefix: str = "") -> Iterator[tuple[str, Any, Any]]:

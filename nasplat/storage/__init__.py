@@ -2,8 +2,9 @@
 
 An experiment folder holds
 - `experiment.json` (the experiment as plain data, when it was given by names and dotted paths) or
-  `experiment.pkl` (cloudpickle, when live Python objects were handed to `nasplat.run`: such a folder is code,
-  load it only if you trust it);
+  `experiment.pkl` (cloudpickle, when live Python objects were handed to `nasplat.run`: loading it runs code, so
+  `resume` and `retrain` refuse it unless told `--trust-pickle` / `allow_pickle=True`);
+- `space.json`, the search space as plain data (`nasplat.space.data`), which `report`, `serve` and `status` read;
 - `meta.json` (name, metric, mode, controller, executor);
 - `results.jsonl`, one row per trial step, append-only: the record of what happened;
 - `journal.jsonl`, append-only: when each trial was proposed, counted in rows (`{"ask": 3, "rows": 17}`).
@@ -25,10 +26,12 @@ from nasplat.storage.files import (
     META_FILE,
     ROWS_FILE,
     SPEC_JSON,
+    SPACE_FILE,
     SPEC_PICKLE,
     WHOLE_FILES,
     FolderInUse,
     FolderLock,
+    PickleRefused,
     RowLog,
     StorageError,
     fsync_dir,
@@ -44,7 +47,8 @@ from nasplat.storage.folder import ExperimentFolder, read_spec
 from nasplat.storage.remote import Storage
 
 __all__ = [
-    "APPEND_ONLY", "CHECKPOINTS", "JOURNAL_FILE", "LOCK_FILE", "META_FILE", "ROWS_FILE", "SPEC_JSON", "SPEC_PICKLE",
-    "WHOLE_FILES", "ExperimentFolder", "FolderInUse", "FolderLock", "RowLog", "Storage", "StorageError", "fsync_dir", "is_uri",
+    "APPEND_ONLY", "CHECKPOINTS", "JOURNAL_FILE", "LOCK_FILE", "META_FILE", "ROWS_FILE", "SPACE_FILE", "SPEC_JSON",
+    "SPEC_PICKLE", "WHOLE_FILES", "ExperimentFolder", "FolderInUse", "FolderLock", "PickleRefused", "RowLog", "Storage",
+    "StorageError", "fsync_dir", "is_uri",
     "json_default", "local_copy", "read_json", "read_rows", "read_spec", "scratch_folder", "write_atomic",
 ]

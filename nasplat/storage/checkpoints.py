@@ -14,7 +14,9 @@ from __future__ import annotations
 import io
 import json
 import os
+import pickle
 import posixpath
+import re
 import threading
 import time
 from collections import deque
@@ -23,7 +25,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from nasplat.core.checks import check_bool, check_int
-from nasplat.storage import CHECKPOINTS, Storage, StorageError, is_uri, json_default
+from nasplat.storage import CHECKPOINTS, PickleRefused, Storage, StorageError, is_uri, json_default
 
 
 @dataclass(frozen=True)
@@ -137,15 +139,53 @@ def is_complete(uri: str) -> bool:
     return checkpoint_problem(uri) is None
 
 
-def load_checkpoint(uri: str) -> Any:
-    """The trainer state of the complete checkpoint at `uri` (a path or URI). Checkpoints are pickles: load only
-    those you trust."""
+def load_checkpoint(uri: str, *, allow_pickle: bool = False) -> Any:
+    """The trainer state of the complete checkpoint at `uri` (a path or URI), read as data: tensors, numpy arrays,
+    numbers, strings and containers of them (`torch.load(weights_only=True)`), so a crafted checkpoint runs no
+    code. A state holding other Python objects is refused in one line (`PickleRefused`) unless `allow_pickle`."""
     import torch
 
     problem = checkpoint_problem(uri)
     if problem is not None:
         raise FileNotFoundError(f"{uri} is not a complete checkpoint ({problem})")
-    return torch.load(io.BytesIO(Storage(uri).read(STATE_FILE)), map_location="cpu", weights_only=False)
+    return load_state_bytes(Storage(uri).read(STATE_FILE), f"{uri.rstrip('/')}/{STATE_FILE}",
+                            allow_pickle=allow_pickle)
+
+
+def load_state_bytes(payload: bytes, source: str, *, allow_pickle: bool = False) -> Any:
+    """A `torch.save`d state from `payload` (read from `source`), as data unless `allow_pickle` (see
+    `load_checkpoint`)."""
+    import torch
+
+    if allow_pickle:
+        return torch.load(io.BytesIO(payload), map_location="cpu", weights_only=False)
+    try:
+        with torch.serialization.safe_globals(_numpy_globals()):
+            return torch.load(io.BytesIO(payload), map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        named = re.search(r"GLOBAL ([\w.]+)", str(exc))
+        found = f"it names {named.group(1)}" if named else last_words(str(exc))
+        raise PickleRefused(f"{source} holds Python objects other than tensors, arrays, numbers, strings and "
+                            f"containers, which only a pickle that runs code can load; refusing it ({found}). If "
+                            f"you trust whoever made it, pass --trust-pickle (Python: allow_pickle=True)") from None
+
+
+def last_words(text: str) -> str:
+    """The last non-empty line of `text`, at most 200 characters."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return (lines[-1] if lines else "")[:200]
+
+
+def _numpy_globals() -> list[Any]:
+    """The numpy types a state may hold (arrays, their dtypes, scalars): rebuilding them runs no user code."""
+    import numpy as np
+
+    try:
+        from numpy._core.multiarray import _reconstruct, scalar
+    except ImportError:  # numpy < 2
+        from numpy.core.multiarray import _reconstruct, scalar  # type: ignore[no-redef]
+    dtypes = [type(np.dtype(code)) for code in "?bhilqBHILQefdgFDGSUV"]
+    return [_reconstruct, scalar, np.ndarray, np.dtype, *dtypes]
 
 
 def read_manifest(uri: str) -> dict[str, Any]:

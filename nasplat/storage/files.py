@@ -16,14 +16,20 @@ from typing import Any, BinaryIO
 
 ROWS_FILE, JOURNAL_FILE, META_FILE, LOCK_FILE = "results.jsonl", "journal.jsonl", "meta.json", "lock"
 SPEC_JSON, SPEC_PICKLE = "experiment.json", "experiment.pkl"
+SPACE_FILE = "space.json"  # the search space as plain data (`nasplat.space.data`), for the commands that read a folder
 CHECKPOINTS = "checkpoints"
 APPEND_ONLY = (ROWS_FILE, JOURNAL_FILE)
-WHOLE_FILES = (SPEC_JSON, SPEC_PICKLE, META_FILE)
+WHOLE_FILES = (SPEC_JSON, SPEC_PICKLE, META_FILE, SPACE_FILE)
 
 
 def is_uri(location: str | Path) -> bool:
     """Whether `location` names a filesystem by scheme (`s3://...`) rather than a local path."""
     return "://" in str(location)
+
+
+class PickleRefused(ValueError):
+    """A folder's file that only a pickle can load (so loading it would run code from the folder), refused because
+    the user did not say they trust it (`--trust-pickle`, `allow_pickle=True`)."""
 
 
 class StorageError(OSError):

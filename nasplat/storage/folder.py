@@ -16,6 +16,7 @@ from nasplat.storage.files import (
     SPEC_JSON,
     SPEC_PICKLE,
     FolderLock,
+    PickleRefused,
     RowLog,
     StorageError,
     is_uri,
@@ -157,15 +158,21 @@ class ExperimentFolder:
                 self.lock.release()
 
 
-def read_spec(path: Path) -> dict[str, Any]:
-    """The experiment as `nasplat.run` got it: plain JSON, or (for live objects handed to the Python API) a pickle,
-    which runs code when loaded: resume only folders you trust."""
+def read_spec(path: Path, *, allow_pickle: bool = False) -> dict[str, Any]:
+    """The experiment as `nasplat.run` got it: plain JSON, or (for live objects handed to the Python API) a pickle.
+    Loading a pickle runs code from the folder, so it is refused (`PickleRefused`, one line saying how to allow it)
+    unless `allow_pickle`."""
     if (path / SPEC_JSON).exists():
         try:
             return json.loads((path / SPEC_JSON).read_text(encoding="utf-8"))
         except ValueError as exc:
             raise ValueError(f"{path / SPEC_JSON}: cannot read it as JSON ({exc})") from None
     if (path / SPEC_PICKLE).exists():
+        if not allow_pickle:
+            raise PickleRefused(
+                f"{path / SPEC_PICKLE}: this experiment was given as live Python objects (a trainer, space or "
+                f"callable defined in code), stored as a pickle that runs code when loaded; refusing to load it. If "
+                f"you trust whoever made this folder, pass --trust-pickle (Python: allow_pickle=True)")
         try:
             return cloudpickle.loads((path / SPEC_PICKLE).read_bytes())
         except Exception as exc:
