@@ -91,17 +91,26 @@ def parser() -> argparse.ArgumentParser:
                         "--step, else parquet; a --format the extension contradicts is refused)")
     export.set_defaults(func=cmd_export)
     report = sub.add_parser("report", parents=[debug],
-                            help="write a self-contained HTML report into the experiment folder")
+                            help="write a self-contained HTML report (into the experiment folder by default)")
     report.add_argument("folder")
+    report.add_argument("-o", "--output", help="the file to write, - for standard output (default: "
+                        "<folder>/report.html; ./<folder name>-report.html when the folder cannot be written)")
     report.add_argument("--ground-truth", help="standalone results of the same architectures (an experiment folder "
                         "or a .csv/.json/.jsonl/.parquet table): adds this search's metric against theirs, with the "
                         "rank correlation")
     report.add_argument("--ground-truth-metric", help="the ground truth's column to compare with (default: the "
                         "experiment's metric)")
+    report.add_argument("--ground-truth-max-rows", type=int, help="refuse a ground-truth table of more rows "
+                        "(default: 1,000,000, nasplat.report.oneshot.MAX_GROUND_TRUTH_ROWS; a Parquet file's count is "
+                        "read from its metadata before any row)")
     report.set_defaults(func=cmd_report)
     serve = sub.add_parser("serve", parents=[debug], help="serve the report live while the experiment runs")
     serve.add_argument("folder")
     serve.add_argument("--port", type=int, default=8265 + 100)
     serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--allow-host", action="append", default=[], metavar="NAME[:PORT]",
+                       help="also answer requests naming this host (at the served port unless given), e.g. the "
+                       "local end of a tunnel; by default only localhost, 127.0.0.1, [::1] and --host are answered, "
+                       "against DNS rebinding")
     serve.set_defaults(func=cmd_serve)
     return top

@@ -13,7 +13,7 @@ from nasplat.engine.result import ExperimentResult
 from nasplat.experiment.file import experiment_spec, read_experiment_file
 from nasplat.experiment.retrain import retrain
 from nasplat.experiment.run import default_storage, resume, run_spec
-from nasplat.storage import JOURNAL_FILE, read_rows
+from nasplat.storage import JOURNAL_FILE, ROWS_FILE, read_rows
 
 # `nasplat export -o FILE`: the format a file's extension names (when --format is not given)
 EXPORT_FORMATS = {".parquet": "parquet", ".csv": "csv", ".pt": "pt"}
@@ -138,11 +138,22 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    """Write the HTML report into the experiment folder (with a ground truth when given) and print its path."""
-    from nasplat.report import build_report
+    """Write the HTML report (with a ground truth when given) and print its path: into the experiment folder, else
+    where `-o` says (`-` prints the page itself), else beside the current folder when the folder cannot be
+    written, with a note why."""
+    from nasplat.report import render_report
+    from nasplat.report.output import write_page
 
-    path = build_report(args.folder, ground_truth=args.ground_truth, ground_truth_metric=args.ground_truth_metric)
-    print(f"report: {path}")
+    folder = Path(args.folder)
+    if not (folder / ROWS_FILE).exists():
+        raise FileNotFoundError(f"{folder} is not an experiment folder: no {ROWS_FILE} in it")
+    limit = {} if args.ground_truth_max_rows is None else {"ground_truth_max_rows": args.ground_truth_max_rows}
+    page = render_report(folder, ground_truth=args.ground_truth, ground_truth_metric=args.ground_truth_metric, **limit)
+    if args.output == "-":
+        sys.stdout.write(page)
+        return 0
+    path, note = write_page(folder, page, args.output)
+    print(f"report: {path}" + (f" ({note})" if note else ""))
     return 0
 
 
@@ -199,5 +210,5 @@ def cmd_serve(args: argparse.Namespace) -> int:
     """Serve the report live over HTTP until interrupted."""
     from nasplat.report.serve import serve_forever
 
-    serve_forever(args.folder, port=args.port, host=args.host)
+    serve_forever(args.folder, port=args.port, host=args.host, allow_hosts=tuple(args.allow_host))
     return 0

@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.collections import LineCollection
 from matplotlib.figure import Figure
+from matplotlib.text import Text
 
 from nasplat.core.checks import is_real
 
@@ -38,7 +39,12 @@ _RC_LOCK = threading.Lock()  # rc_context edits global rcParams; serve() may ren
 
 
 def to_svg(fig: Figure, name: str) -> str:
-    """`fig` as an inline `<svg>` element (XML prolog dropped, text kept as text, ids salted by `name`)."""
+    """`fig` as an inline `<svg>` element (XML prolog dropped, text kept as text, ids salted by `name`). Every text
+    set so far (labels, titles, legends: names from the folder) is shown as written, never read as mathtext (a
+    metric `loss$\\frac{$` would not parse): its dollars are escaped. Tick labels, set while drawing, are untouched
+    (a log axis writes its powers of ten in mathtext)."""
+    for text in fig.findobj(Text):
+        text.set_text(text.get_text().replace("$", r"\$"))
     with _RC_LOCK, matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": name}):
         buffer = io.StringIO()
         fig.savefig(buffer, format="svg", bbox_inches="tight", metadata={"Date": None})

@@ -22,11 +22,10 @@ from nasplat.core.rows import RESERVED
 from nasplat.core.trees import flatten
 from nasplat.report import plots
 from nasplat.report.frame import ReportFrame, changes_text, diff, figure, fmt, na, table
-from nasplat.report.oneshot import oneshot_section
+from nasplat.report.oneshot import MAX_GROUND_TRUTH_ROWS, oneshot_section
+from nasplat.report.output import write_page
 from nasplat.report.rungs import rungs_section
-from nasplat.storage import ROWS_FILE, write_atomic
-
-REPORT_FILE = "report.html"
+from nasplat.storage import ROWS_FILE
 TOP_K = 10
 SECTIONS = {"summary": "Summary", "best-so-far": "Best so far", "pareto": "Pareto front",
             "learning-curves": "Learning curves", "pbt": "PBT schedules and exploits", "lineage": "Evolution lineage",
@@ -242,16 +241,19 @@ def pareto_section(exp: ReportFrame, curve_points: int = 200) -> str:
 
 
 def render_report(folder: str | Path, *, ground_truth: str | Path | None = None,
-                  ground_truth_metric: str | None = None) -> str:
+                  ground_truth_metric: str | None = None,
+                  ground_truth_max_rows: int = MAX_GROUND_TRUTH_ROWS) -> str:
     """The report of the experiment in `folder` as one HTML string; `ground_truth` (an experiment folder or a
-    table of standalone results, compared on `ground_truth_metric`, default the experiment's metric) adds the
-    scatter of this experiment's metric against it to the weight-sharing section."""
+    table of standalone results of at most `ground_truth_max_rows` rows, compared on `ground_truth_metric`, default
+    the experiment's metric) adds the scatter of this experiment's metric against it to the weight-sharing section.
+    Nothing is written."""
     exp = ReportFrame.load(folder)
     exploits = exploit_events(exp)
     bodies = {"summary": summary(exp), "best-so-far": best_section(exp), "pareto": pareto_section(exp),
               "learning-curves": curves_section(exp, exploits), "pbt": pbt_section(exp, exploits),
               "lineage": lineage_section(exp), "importance": importance_section(exp), "rungs": rungs_section(exp),
-              "weight-sharing": oneshot_section(exp, ground_truth, ground_truth_metric), "top": top_section(exp)}
+              "weight-sharing": oneshot_section(exp, ground_truth, ground_truth_metric, ground_truth_max_rows),
+              "top": top_section(exp)}
     title = html.escape(f"nasplat report: {exp.meta.get('name', exp.folder.name)}")
     nav = "".join(f"<a href='#{key}'>{html.escape(label)}</a>" for key, label in SECTIONS.items())
     sections = "".join(f"<section id='{key}'><h2>{html.escape(SECTIONS[key])}</h2>{body}</section>"
@@ -261,13 +263,14 @@ def render_report(folder: str | Path, *, ground_truth: str | Path | None = None,
             f"<body><h1>{title}</h1><nav>{nav}</nav>{sections}</body></html>\n")
 
 
-def build_report(folder: str | Path, *, ground_truth: str | Path | None = None,
-                 ground_truth_metric: str | None = None) -> Path:
-    """Write `<folder>/report.html` (atomically) and return its path; `ground_truth` as for `render_report`."""
+def build_report(folder: str | Path, *, output: str | Path | None = None, ground_truth: str | Path | None = None,
+                 ground_truth_metric: str | None = None, ground_truth_max_rows: int = MAX_GROUND_TRUTH_ROWS) -> Path:
+    """Write the report (atomically) to `output`, by default `<folder>/report.html` (or `./<folder name>-report.html`
+    where the folder cannot be written, see `nasplat.report.output.write_page`), and return its path;
+    `ground_truth` as for `render_report`."""
     folder = Path(folder)
     if not (folder / ROWS_FILE).exists():
         raise FileNotFoundError(f"{folder} is not an experiment folder: no {ROWS_FILE} in it")
-    path = folder / REPORT_FILE
-    write_atomic(path, render_report(folder, ground_truth=ground_truth,
-                                     ground_truth_metric=ground_truth_metric).encode("utf-8"))
-    return path
+    page = render_report(folder, ground_truth=ground_truth, ground_truth_metric=ground_truth_metric,
+                         ground_truth_max_rows=ground_truth_max_rows)
+    return write_page(folder, page, output)[0]
