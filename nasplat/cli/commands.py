@@ -97,8 +97,9 @@ def cmd_resume(args: argparse.Namespace) -> int:
 
 def cmd_retrain(args: argparse.Namespace) -> int:
     """Train the experiment's chosen architecture standalone from scratch, as an experiment of its own."""
-    result = retrain(args.folder, trainer=args.trainer, trial=args.trial, epochs=args.epochs, storage=args.storage,
-                     name=args.name, seed=args.seed, progress=not args.quiet)
+    result = retrain(args.folder, trainer=args.trainer, trial=args.trial, epochs=args.epochs,
+                     max_steps=args.max_steps, storage=args.storage, name=args.name, seed=args.seed,
+                     progress=not args.quiet, trust_pickle=args.trust_pickle)
     print(f"results: {result.location}  (nasplat export {result.location} --format pt)")
     _summarise(result, top=1)
     return _nothing_succeeded(result, "retrain")

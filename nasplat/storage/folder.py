@@ -157,15 +157,19 @@ class ExperimentFolder:
                 self.lock.release()
 
 
-def read_spec(path: Path) -> dict[str, Any]:
+def read_spec(path: Path, *, allow_pickle: bool = True) -> dict[str, Any]:
     """The experiment as `nasplat.run` got it: plain JSON, or (for live objects handed to the Python API) a pickle,
-    which runs code when loaded: resume only folders you trust."""
+    which runs code when loaded: with `allow_pickle=False` such a folder is refused in one line."""
     if (path / SPEC_JSON).exists():
         try:
             return json.loads((path / SPEC_JSON).read_text(encoding="utf-8"))
         except ValueError as exc:
             raise ValueError(f"{path / SPEC_JSON}: cannot read it as JSON ({exc})") from None
     if (path / SPEC_PICKLE).exists():
+        if not allow_pickle:
+            raise ValueError(f"{path}: its experiment is a pickle ({SPEC_PICKLE}: live Python objects given to "
+                             "nasplat.run), which runs code when loaded; allow it only for a folder you trust "
+                             "(--trust-pickle, trust_pickle=True)")
         try:
             return cloudpickle.loads((path / SPEC_PICKLE).read_bytes())
         except Exception as exc:
