@@ -92,6 +92,9 @@ def experiment_spec(spec: Mapping[str, Any], *, source: str = "experiment") -> E
 def _translate(spec: Mapping[str, Any], source: str) -> ExperimentSpec:
     """The YAML layout (sections `budget` and `resources`, a controller's options beside its name) checked and
     flattened into a spec; plain values are left to `ExperimentSpec.check`."""
+    if "pipeline" in spec:
+        raise ValueError(f"{source}: a pipeline file (it has `pipeline:`): run it with `nasplat run`, or "
+                         "nasplat.experiment.pipeline.run_pipeline in Python")
     _check_keys(spec, TOP_KEYS, source)
     missing = [k for k in REQUIRED if k not in spec]
     if missing:

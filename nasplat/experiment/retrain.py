@@ -76,13 +76,18 @@ def _arch(row: Mapping[str, Any], result: ExperimentResult) -> dict[str, Any] | 
 
 def retrain_trainer(folder: Path, trainer: Any = None, *, trust_pickle: bool = False) -> Any:
     """The standalone trainer: `trainer` (a class or dotted path), else the search trainer's `RETRAIN_TRAINER`."""
+    return resolve(_standalone(folder, trainer, trust_pickle), what="`trainer`")
+
+
+def _standalone(folder: Path, trainer: Any, trust_pickle: bool) -> Any:
+    """The standalone trainer as given (a dotted path stays one, so that the retrain's folder is plain JSON)."""
     if trainer is None:
         searched = _searched(folder, trust_pickle)
         trainer = getattr(searched, "RETRAIN_TRAINER", None)
         if trainer is None:
             raise ValueError(f"{folder}: its trainer {getattr(searched, '__name__', searched)!r} names no standalone "
                              "trainer (RETRAIN_TRAINER): give one with --trainer module:Class")
-    return resolve(trainer, what="`trainer`")
+    return trainer
 
 
 def _searched(folder: Path, trust_pickle: bool) -> Any:
@@ -146,7 +151,8 @@ def retrain(folder: str | Path, *, trainer: Any = None, trial: int | None = None
     if getattr(searched, "TRAINS_SUPERNET", False) and arch is None:
         raise ValueError(f"{result.location} trained a supernet ({searched.__name__}), it chose no architecture: "
                          "search its paths first (a path trainer with `supernet: <this folder>`) and retrain that")
-    standalone = retrain_trainer(home, trainer, trust_pickle=trust_pickle)
+    given = _standalone(home, trainer, trust_pickle)
+    standalone = resolve(given, what="`trainer`")
     settings = {**retrain_config(searched, row, arch), **dict(config or {})}
     if epochs is not None:
         settings["epochs"] = check_int("epochs", epochs, minimum=1)
@@ -155,7 +161,7 @@ def retrain(folder: str | Path, *, trainer: Any = None, trial: int | None = None
     storage = storage if storage is not None else home.parent
     name = name or f"{home.name}-retrain"
     _move_failed(storage_location(str(storage), name))
-    return run(trainer=standalone, space=settings, metric=result.metric or "valid_acc", mode=result.mode,
+    return run(trainer=given, space=settings, metric=result.metric or "valid_acc", mode=result.mode,
                max_trials=1, max_steps=steps, seed=seed, executor=executor, storage=storage, name=name,
                checkpoint={"at_end": True}, progress=progress)
 
