@@ -98,8 +98,7 @@ def _run_pipeline(raw: dict, args: argparse.Namespace) -> int:
         raise ValueError(f"{args.experiment} is a pipeline: it needs storage (no --no-storage), and each stage names "
                          "its own `executor:` (no --executor, --address)")
     spec = {**raw, **({"name": args.name} if args.name else {})}
-    storage = args.storage or raw.get("storage") or default_storage()
-    results = run_pipeline(spec, storage=storage, source=str(args.experiment), progress=not args.quiet,
+    results = run_pipeline(spec, storage=args.storage, source=str(args.experiment), progress=not args.quiet,
                            announce=lambda line: print(line, flush=True))
     retrained = results["retrain"]
     print(f"results: {retrained.location}  (nasplat report {retrained.location})")

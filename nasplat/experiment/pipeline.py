@@ -30,9 +30,9 @@ from typing import Any
 from nasplat.core.checks import check_name
 from nasplat.core.rows import Status
 from nasplat.engine.result import ExperimentResult
-from nasplat.experiment.file import experiment_spec
+from nasplat.experiment.file import experiment_spec, read_experiment_file
 from nasplat.experiment.retrain import retrain
-from nasplat.experiment.run import resume, run_spec, storage_location
+from nasplat.experiment.run import default_storage, resume, run_spec, storage_location
 from nasplat.storage import ROWS_FILE, is_uri, read_json, read_rows, write_atomic
 
 PIPELINE_FILE = "pipeline.json"
@@ -72,12 +72,16 @@ def check_pipeline(spec: Mapping[str, Any], source: str) -> dict[str, Any]:
     return {"name": spec["name"], "storage": spec.get("storage"), "pipeline": dict(stages)}
 
 
-def run_pipeline(spec: Mapping[str, Any], *, storage: str, source: str = "pipeline", progress: bool = False,
-                 announce: Callable[[str], None] | None = None) -> dict[str, ExperimentResult]:
-    """Run (or go on with) the pipeline `spec` under `<storage>/<name>`: each stage not finished yet is resumed
-    where its folder holds one, else started; returns each stage's result. `announce` gets a line per stage (its
-    folder, and whether it was skipped, resumed or started)."""
+def run_pipeline(spec: Mapping[str, Any] | str | Path, *, storage: str | None = None, source: str = "pipeline",
+                 progress: bool = False, announce: Callable[[str], None] | None = None) -> dict[str, ExperimentResult]:
+    """Run (or go on with) the pipeline `spec` (a pipeline file, or its mapping) under `<storage>/<name>`
+    (`storage`: else the spec's, else the default storage): each stage not finished yet is resumed where its folder
+    holds one, else started; returns each stage's result. `announce` gets a line per stage (its folder, and
+    whether it was skipped, resumed or started)."""
+    if isinstance(spec, (str, Path)):
+        source, spec = str(spec), read_experiment_file(spec)
     checked = check_pipeline(spec, source)
+    storage = storage or checked["storage"] or default_storage()
     if is_uri(storage):
         raise ValueError(f"{source}: a pipeline's storage must be a local folder, got {storage!r}")
     home = Path(storage_location(storage, checked["name"]))
