@@ -14,7 +14,9 @@ import pytest
 import torch
 
 import nasplat
+from nasplat.cli import main
 from nasplat.oneshot import measure
+from nasplat.report import render_report
 from search_spaces import nb201
 from search_spaces.nb201_supernet import NB201Supernet, build_subnet
 from trainers.supernet import signal_data
@@ -134,9 +136,40 @@ def test_the_pipeline_killed_in_each_stage_resumes_to_the_searched_network_on_di
     _, accuracy = measure(net, digits.x_valid, digits.y_valid)
     assert accuracy == pytest.approx(rows[-1]["valid_acc"], abs=1e-6) and accuracy > 0.5  # trained on digits
 
+    page = render_report(home / "search")  # each stage's report links the others
+    assert "href='../supernet/report.html'" in page and "href='../retrain/report.html'" in page
+
     assert not list(home.rglob("*.pkl")) and all((home / s / "experiment.json").exists()
                                                  for s in ("supernet", "search", "retrain"))
     states = list(home.rglob("state.pt"))
     assert {p.relative_to(home).parts[0] for p in states} == {"supernet", "retrain"}
     for state in states:
         torch.load(state, weights_only=True)  # no pickled object in any checkpoint
+
+
+def test_a_malformed_pipeline_is_refused_in_one_line_before_anything_runs(tmp_path: Path,
+                                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    stages = PIPELINE.replace("held:Supernet", "trainers.supernet:NB201SupernetTrainer")
+    cases = [(stages.replace("  retrain: {trainer", "  again: {trainer"),
+              "`pipeline` must be a mapping of the stages ['supernet', 'search', 'retrain'], got ['supernet', "
+              "'search', 'again']"),
+             (stages.replace("budget: {max_trials: 1,", "budget: {max_trial: 1,"),
+              "pipeline stage 'supernet': budget: unknown key(s) ['max_trial']"),
+             (stages.replace("epochs: 3}}", "epochs: 30}}").replace("epochs: 3,", "epochs: 30,"),
+              "NB201SupernetTrainer: epochs=30 but max_steps=3"),
+             (stages.replace("retrain: {", "retrain: {epoch: 2, "),
+              "pipeline stage 'retrain' must be a mapping of ['trainer', 'trial', 'epochs', 'max_steps', 'config', "
+              "'seed', 'executor']")]
+    for text, message in cases:
+        (tmp_path / "bad.yaml").write_text(text)
+        assert main(["run", str(tmp_path / "bad.yaml"), "--storage", str(tmp_path / "results"), "--quiet"]) == 2
+        err = capsys.readouterr().err.strip()
+        assert message in err and "\n" not in err, err
+        assert not (tmp_path / "results" / "digits-oneshot" / "supernet").exists()
+    (tmp_path / "results" / "digits-oneshot" / "supernet").mkdir()  # a stage started: the file may not change now
+    (tmp_path / "bad.yaml").write_text(stages)  # the epochs=30 file was recorded; this one differs
+    assert main(["run", str(tmp_path / "bad.yaml"), "--storage", str(tmp_path / "results"), "--quiet"]) == 2
+    assert capsys.readouterr().err.strip().endswith("the pipeline differs from the one "
+                                                    f"{tmp_path / 'results' / 'digits-oneshot'} was run with "
+                                                    f"({tmp_path / 'results' / 'digits-oneshot' / 'pipeline.json'}); "
+                                                    "give another `name`, or the file as it was")

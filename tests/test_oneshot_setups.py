@@ -21,7 +21,7 @@ from nasplat.storage import SPEC_JSON, SPEC_PICKLE
 from nasplat.trainer import Trainer, WorkerContext
 from search_spaces import nb201
 from search_spaces.nb201_supernet import NB201Supernet
-from trainers.nb201_cell import NB201CellTrainer
+from trainers.pbt_toy import PBTToy
 from trainers.supernet import NB201PathTrainer
 
 SUPERNET = {"dataset": "digits", "channels": 4, "train_size": 256, "eval_paths": 1}
@@ -127,20 +127,25 @@ def test_a_path_space_that_is_not_the_supernets_is_refused_before_anything_runs(
         assert not (supernet.parent / "bad-paths").exists()
 
 
-def test_retrain_of_a_supernet_training_is_refused_and_a_failed_retrain_never_blocks_a_retry(
-        supernet: Path, search: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_retrain_of_a_supernet_training_is_refused_in_one_line(supernet: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["retrain", str(supernet), "--epochs", "1", "--quiet"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.endswith("trained a supernet (NB201SupernetTrainer), it chose no architecture: search its paths "
                         "first (a path trainer with `supernet: <this folder>`) and retrain that") and "\n" not in err
     assert not (supernet.parent / "supernet-retrain").exists()
-    # A retrain that failed (a trainer that raises) is moved aside by the next try, which then runs.
-    assert main(["retrain", str(search), "--epochs", "1", "--quiet", "--name", "retry",
-                 "--trainer", "test_oneshot_setups:BrokenCell"]) == 1
-    assert main(["retrain", str(search), "--epochs", "1", "--quiet", "--name", "retry"]) == 0
-    assert "the earlier retrain in" in capsys.readouterr().err
-    assert nasplat.ExperimentResult.load(search.parent / "retry").rows[-1]["status"] == "completed"
-    failed = nasplat.ExperimentResult.load(search.parent / "retry.failed-1").rows
+
+
+def test_a_failed_retrain_never_blocks_a_retry(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    nasplat.run(trainer="trainers.pbt_toy:PBTToy", space={"h0": 0.5, "h1": 0.5, "lr": 0.01}, metric="Q",
+                max_trials=1, storage=tmp_path, name="toy")
+    assert main(["retrain", str(tmp_path / "toy"), "--epochs", "1", "--quiet",
+                 "--trainer", "test_oneshot_setups:BrokenToy"]) == 1
+    assert main(["retrain", str(tmp_path / "toy"), "--epochs", "1", "--quiet",
+                 "--trainer", "trainers.pbt_toy:PBTToy"]) == 0
+    assert f"the earlier retrain in {tmp_path / 'toy-retrain'} failed; moved to" in capsys.readouterr().err
+    assert nasplat.ExperimentResult.load(tmp_path / "toy-retrain").rows[-1]["status"] == "completed"
+    failed = nasplat.ExperimentResult.load(tmp_path / "toy-retrain.failed-1").rows
     assert failed[-1]["status"] == "failed" and "broken on purpose" in failed[-1]["error"]
 
 
@@ -157,8 +162,8 @@ def test_retrain_is_bounded_by_its_epochs_and_says_so_when_it_cannot_tell(tmp_pa
     assert [r["step"] for r in nasplat.ExperimentResult.load(tmp_path / "toy-retrain").rows] == [1]
 
 
-class BrokenCell(NB201CellTrainer):
-    """The standalone cell trainer, except that its first step fails."""
+class BrokenToy(PBTToy):
+    """The toy trainer, except that its first step fails."""
 
     def step(self) -> dict[str, Any]:
         raise RuntimeError("broken on purpose")

@@ -112,10 +112,11 @@ def run_pipeline(spec: Mapping[str, Any] | str | Path, *, storage: str | None = 
 
 
 def _record(home: Path, checked: dict[str, Any], source: str) -> dict[str, Any]:
-    """`pipeline.json`: the pipeline as first run and the finished stages; a file whose stages changed since is
-    refused (its folders hold the earlier ones)."""
+    """`pipeline.json`: the pipeline as first run and the finished stages; a file whose stages changed since a
+    stage started is refused (its folders hold the earlier ones)."""
     path = home / PIPELINE_FILE
-    if path.exists():
+    started = any((home / stage).exists() for stage in STAGES)
+    if path.exists() and started:
         record = read_json(path)
         if record.get("pipeline") != checked["pipeline"]:
             raise ValueError(f"{source}: the pipeline differs from the one {home} was run with ({path}); give "
