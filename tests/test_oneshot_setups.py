@@ -207,7 +207,8 @@ def test_a_malformed_arch_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixt
 
 def test_a_tie_for_the_best_goes_to_the_earliest_trial_and_is_said(tmp_path: Path,
                                                                    capsys: pytest.CaptureFixture[str]) -> None:
-    result = nasplat.run(trainer="test_oneshot_setups:Flat", space="test_oneshot_setups:FLAT", metric="score", controller="random", max_trials=4, storage=tmp_path, name="flat")
+    result = nasplat.run(trainer="test_oneshot_setups:Flat", space="test_oneshot_setups:FLAT", metric="score",
+                         controller="random", max_trials=4, storage=tmp_path, name="flat")
     assert result.tied_best() == [0, 1, 2, 3] and result.best["trial_id"] == 0
     retrained = nasplat.retrain(tmp_path / "flat", epochs=1)
     assert retrained.rows[-1]["config"]["h0"] == result.rows[0]["config"]["h0"]  # trial 0's
