@@ -15,6 +15,7 @@ from nasplat.controllers import (
 )
 from nasplat.engine.records import ExperimentFailed
 from nasplat.engine.result import ExperimentResult
+from nasplat.experiment.pipeline import run_pipeline
 from nasplat.experiment.retrain import retrain
 from nasplat.experiment.run import resume, run
 from nasplat.integrations.optuna import to_optuna
@@ -28,6 +29,6 @@ __version__ = "0.1.0"
 __all__ = [
     "CheckpointPolicy", "Choice", "Continue", "Controller", "ExperimentFailed", "ExperimentResult", "Exploit",
     "Float", "Int", "OptunaSampler", "PopulationBasedTraining", "RandomSearch", "RegularizedEvolution", "Reinforce",
-    "Result", "Space", "Stop", "Trainer", "TrialSpec", "WorkerContext", "resume", "retrain", "run", "space_from_optuna",
-    "space_from_tune", "to_optuna",
+    "Result", "Space", "Stop", "Trainer", "TrialSpec", "WorkerContext", "resume", "retrain", "run", "run_pipeline",
+    "space_from_optuna", "space_from_tune", "to_optuna",
 ]

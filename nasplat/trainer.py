@@ -168,6 +168,16 @@ class Trainer(ABC):
         except (RuntimeError, KeyError, ValueError, TypeError):
             start(self, self.config, self.ctx)  # nothing half-loaded
 
+    @classmethod
+    def check_experiment(cls, space: Any, *, max_steps: int) -> None:
+        """Refuse a setup this trainer cannot run as asked, before anything runs.
+
+        When: once, in the driver, when an experiment with this trainer is built (`nasplat run`, `nasplat.run`,
+        `nasplat resume`), before its folder is created or any trial starts.
+        Arguments: `space`, the search space the trials' configs come from (a `Space`); `max_steps`, the steps a
+        trial may run. Returns: None; a `ValueError` (one line naming what does not match) refuses the
+        experiment. The default accepts everything."""
+
     def update_config(self, config: Config) -> None:
         """Put `config` in effect after an exploit.
 

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 import nasplat
-import nasplat.oneshot.search as search
+import nasplat.oneshot.reference as by_reference
+import nasplat.oneshot.shared as shared
 import nasplat.storage.checkpoints as checkpoints
 from nasplat.controllers import CONTROLLERS
 from nasplat.oneshot import PROXIES, ProxyFeatures, SharedWeights, evaluate_path, search_trainer
@@ -126,7 +127,7 @@ def test_forked_workers_read_the_drivers_tensors_and_nothing_from_disk(
     def no_disk(uri: str) -> Any:
         raise AssertionError(f"a trial loaded {uri}")
 
-    for module in (checkpoints, search):  # inherited by the forked workers
+    for module in (checkpoints, shared, by_reference):  # inherited by the forked workers
         monkeypatch.setattr(module, "load_checkpoint", no_disk)
     trainer = search_trainer(Probe, weights, SUPERNET)
     result = nasplat.run(trainer=trainer, space=nb201.space, metric="valid_acc", executor="processes",

@@ -37,7 +37,8 @@ def test_the_derived_cell_is_retrained_exported_and_loads_into_a_standalone_netw
     assert main(["export", str(folder), "-o", str(out)]) == 0
     saved = torch.load(out, weights_only=False)
     data = signal_data("mnist1d")
-    net = build_subnet(saved["config"], data.in_channels, data.num_classes)
+    assert saved["config"]["channels"] == 4  # the search's width, carried to the retrain (issue 30)
+    net = build_subnet(saved["config"], data.in_channels, data.num_classes, channels=saved["config"]["channels"])
     net.load_state_dict(saved["state_dict"]["model"])
     _, accuracy = measure(net, data.x_valid, data.y_valid)
     assert accuracy == pytest.approx(rows[-1]["valid_acc"], abs=1e-6)  # the trained network, back

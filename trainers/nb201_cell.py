@@ -1,5 +1,5 @@
-"""One NAS-Bench-201 cell on MNIST-1D trained standalone from scratch: the recipe a one-shot search's chosen cell is
-retrained with (`nasplat retrain`), and the one `benchmarks/oneshot.py` builds its ground truth with."""
+"""One NAS-Bench-201 cell on MNIST-1D (or digits) trained standalone from scratch: the recipe a one-shot search's
+chosen cell is retrained with (`nasplat retrain`), and the one `benchmarks/oneshot.py` builds its ground truth with."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ from typing import Any
 import torch
 
 from nasplat.core.checks import check_int, check_real
-from nasplat.space import Config
+from nasplat.oneshot.training import check_epoch_budget
+from nasplat.space import Config, Space
 from nasplat.trainer import WorkerContext
 from search_spaces import nb201
 from search_spaces.nb201_supernet import build_subnet
@@ -27,6 +28,12 @@ class NB201CellTrainer(ClassificationTrainer):
     `test_loss` (to report only), `epoch` and `params`. Deterministic for a given seed (one torch thread)."""
 
     dataset = "mnist1d"
+    DEFAULT_EPOCHS = 10
+
+    @classmethod
+    def check_experiment(cls, space: Space, *, max_steps: int) -> None:
+        """Refuse an `epochs` (default 10) beyond `max_steps`: the cosine schedule would be cut short."""
+        check_epoch_budget(cls.__name__, space, max_steps, cls.DEFAULT_EPOCHS)
 
     def setup(self, config: Config, ctx: WorkerContext) -> None:
         torch.set_num_threads(1)
@@ -35,7 +42,7 @@ class NB201CellTrainer(ClassificationTrainer):
         nb201.space.validate(self.cell)
         self.dataset_name = config.get("dataset", self.dataset)
         self.data = signal_data(self.dataset_name)
-        self.epochs = check_int("epochs", config.get("epochs", 10), minimum=1)
+        self.epochs = check_int("epochs", config.get("epochs", self.DEFAULT_EPOCHS), minimum=1)
         self.lr = check_real("lr", config.get("lr", 0.05), minimum=0, strict=True)
         self.batch_size = check_int("batch_size", config.get("batch_size", 64), minimum=1)
         self.epochs_per_step = 1

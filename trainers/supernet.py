@@ -2,8 +2,9 @@
 
 - `NB201SupernetTrainer`: trains the supernet with SPOS or FairNAS sampling (`nasplat.oneshot.SupernetTrainer`);
 - `NB201DartsTrainer`: DARTS / GDAS over the same supernet (`nasplat.oneshot.DartsTrainer`);
-- `NB201PathTrainer`: one path judged by a trained supernet's shared weights (`nasplat.oneshot.PathTrainer`; made
-  into a trial with `nasplat.oneshot.search_trainer(NB201PathTrainer, weights, config)`);
+- `NB201PathTrainer`: one path judged by a trained supernet's shared weights (`nasplat.oneshot.PathTrainer`): the
+  supernet named in its config (`supernet: <the supernet experiment's folder>`), or made into a trial class with
+  `nasplat.oneshot.search_trainer(NB201PathTrainer, weights, config)`;
 - `NB201ProxyTrainer`: one untrained path scored by zero-cost proxies (`nasplat.oneshot.ProxyTrainer`).
 
 Extra config keys of each (all optional): `dataset` (`"mnist1d"`, default, or `"digits"`, whose 8x8 images are read
@@ -38,6 +39,8 @@ class _NB201:
     standalone recipe a chosen cell is retrained with (`nasplat retrain`)."""
 
     RETRAIN_TRAINER = "trainers.nb201_cell:NB201CellTrainer"
+    SETTINGS = ("dataset", "channels", "cells_per_stage", "connected")
+    """The keys that build the network and its data: a search's retrain is built with them (`nasplat retrain`)."""
 
     def load_data(self, config: Config) -> Splits:
         return signal_data(config.get("dataset", "mnist1d"))

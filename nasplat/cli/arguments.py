@@ -66,7 +66,11 @@ def parser() -> argparse.ArgumentParser:
     again.add_argument("--trainer", help="the standalone trainer, module:Class (default: the search trainer's "
                                          "RETRAIN_TRAINER)")
     again.add_argument("--trial", type=int, help="retrain this trial's architecture (default: the best trial's)")
-    again.add_argument("--epochs", type=int, help="the config's `epochs` (default: the trainer's own)")
+    again.add_argument("--epochs", type=int, help="the config's `epochs` (default: the search's, else the "
+                                                  "trainer's own); the retrain runs that many steps")
+    again.add_argument("--max-steps", type=int, help="the most steps the retrain runs (default: its epochs)")
+    again.add_argument("--trust-pickle", action="store_true",
+                       help="allow a folder whose experiment is a pickle (experiment.pkl): loading it runs code")
     again.add_argument("--storage", help="where the new experiment goes (default: beside the folder)")
     again.add_argument("--name", help="its name (default: <the folder's name>-retrain)")
     again.add_argument("--seed", type=int, default=0)

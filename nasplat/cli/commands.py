@@ -11,6 +11,7 @@ from nasplat.core.rows import Status
 from nasplat.engine.console import last_line
 from nasplat.engine.result import ExperimentResult
 from nasplat.experiment.file import experiment_spec, read_experiment_file
+from nasplat.experiment.pipeline import is_pipeline, run_pipeline
 from nasplat.experiment.retrain import retrain
 from nasplat.experiment.run import default_storage, resume, run_spec
 from nasplat.storage import JOURNAL_FILE, ROWS_FILE, read_rows
@@ -65,7 +66,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     """Read, check and run the experiment file; its folder is printed when it is created, the best trials at the
     end."""
     overrides = {"executor": args.executor, "storage": args.storage, "name": args.name}
-    spec = {**read_experiment_file(args.experiment), **{k: v for k, v in overrides.items() if v is not None}}
+    raw = read_experiment_file(args.experiment)
+    if is_pipeline(raw):
+        return _run_pipeline(raw, args)
+    spec = {**raw, **{k: v for k, v in overrides.items() if v is not None}}
     defaulted = not args.no_storage and spec.get("storage") is None
     if args.no_storage or defaulted:
         spec["storage"] = None if args.no_storage else default_storage()
@@ -87,6 +91,21 @@ def cmd_run(args: argparse.Namespace) -> int:
     return _nothing_succeeded(result, "run")
 
 
+def _run_pipeline(raw: dict, args: argparse.Namespace) -> int:
+    """`nasplat run` of a pipeline file: its stages run (or go on) in turn, each announced; the retrain's result
+    is summarised."""
+    if args.no_storage or args.executor or args.address:
+        raise ValueError(f"{args.experiment} is a pipeline: it needs storage (no --no-storage), and each stage names "
+                         "its own `executor:` (no --executor, --address)")
+    spec = {**raw, **({"name": args.name} if args.name else {})}
+    results = run_pipeline(spec, storage=args.storage, source=str(args.experiment), progress=not args.quiet,
+                           announce=lambda line: print(line, flush=True))
+    retrained = results["retrain"]
+    print(f"results: {retrained.location}  (nasplat report {retrained.location})")
+    _summarise(retrained, top=1)
+    return _nothing_succeeded(retrained, "run")
+
+
 def cmd_resume(args: argparse.Namespace) -> int:
     """Finish a killed experiment from its folder, then print its best trials."""
     result = resume(args.folder, progress=not args.quiet, allow_pickle=args.trust_pickle)
@@ -97,8 +116,9 @@ def cmd_resume(args: argparse.Namespace) -> int:
 
 def cmd_retrain(args: argparse.Namespace) -> int:
     """Train the experiment's chosen architecture standalone from scratch, as an experiment of its own."""
-    result = retrain(args.folder, trainer=args.trainer, trial=args.trial, epochs=args.epochs, storage=args.storage,
-                     name=args.name, seed=args.seed, progress=not args.quiet)
+    result = retrain(args.folder, trainer=args.trainer, trial=args.trial, epochs=args.epochs,
+                     max_steps=args.max_steps, storage=args.storage, name=args.name, seed=args.seed,
+                     progress=not args.quiet, allow_pickle=args.trust_pickle)
     print(f"results: {result.location}  (nasplat export {result.location} --format pt)")
     _summarise(result, top=1)
     return _nothing_succeeded(result, "retrain")

@@ -264,6 +264,34 @@ def rows_hypervolume(rows: Sequence[Mapping[str, Any]], metrics: Sequence[str], 
     return hypervolume(points * signs(modes), np.asarray(reference, dtype=float) * signs(modes))
 
 
+def ranked_rows(rows: Sequence[Mapping[str, Any]], metric: str, mode: str,
+                constraints: Sequence[Constraint] = ()) -> list[Mapping[str, Any]]:
+    """The best row of each trial by `metric` (its earliest such row), best trial first; failed and retried rows
+    and missing or non-finite values left out; with constraints, trials that break them come last, by total
+    violation. Ties go to the earliest trial (the lowest trial id): the one rule for "the best" everywhere."""
+    best: dict[Any, Mapping[str, Any]] = {}
+    for row in rows:
+        value = row.get(metric)
+        if row.get("status") in (Status.FAILED, Status.RETRIED) or not isinstance(value, (int, float)) \
+                or not math.isfinite(value):
+            continue
+        current = best.get(row["trial_id"])
+        if current is None or better(value, current[metric], mode):
+            best[row["trial_id"]] = row
+    sign = -1 if mode == "max" else 1
+    return sorted(best.values(), key=lambda r: (total_violation(constraints, r), sign * r[metric], r["trial_id"]))
+
+
+def tied_best(ranked: Sequence[Mapping[str, Any]], metric: str, constraints: Sequence[Constraint] = ()) -> list[Any]:
+    """The trial ids of `ranked` (`ranked_rows`' order) that tie with the first on `metric` and on violation: the
+    best and those it won against by the tie rule alone (an empty list when nothing ranked)."""
+    if not ranked:
+        return []
+    first = ranked[0]
+    key = (total_violation(constraints, first), first[metric])
+    return [r["trial_id"] for r in ranked if (total_violation(constraints, r), r[metric]) == key]
+
+
 def better(a: float, b: float, mode: str) -> bool:
     """Whether `a` beats `b` under `mode`."""
     return a > b if mode == "max" else a < b

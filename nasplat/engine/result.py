@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from nasplat.core import pareto
-from nasplat.core.pareto import better
 from nasplat.core.rows import RESERVED, Status
 from nasplat.core.trees import flatten
 from nasplat.storage import META_FILE, ROWS_FILE, Storage, is_uri, local_copy, read_json, read_rows
-from nasplat.storage.checkpoints import Checkpoint, checkpoint_locations, is_complete, load_checkpoint
+from nasplat.storage.checkpoints import Checkpoint, latest_checkpoint, load_checkpoint
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -89,19 +87,14 @@ class ExperimentResult:
 
     def ranked(self) -> list[dict[str, Any]]:
         """The best row of each trial by `metric`, best trial first (failed rows and missing metrics left out);
-        with constraints, trials that break them come last, by total violation."""
-        best: dict[int, dict[str, Any]] = {}
-        for row in self.rows:
-            value = row.get(self.metric)
-            if row.get("status") in (Status.FAILED, Status.RETRIED) or not isinstance(value, (int, float)) \
-                    or not math.isfinite(value):
-                continue
-            current = best.get(row["trial_id"])
-            if current is None or better(value, current[self.metric], self.mode):
-                best[row["trial_id"]] = row
-        sign = -1 if self.mode == "max" else 1
-        return sorted(best.values(), key=lambda r: (pareto.total_violation(self.constraints, r), sign * r[self.metric],
-                                                    r["trial_id"]))
+        with constraints, trials that break them come last, by total violation; ties go to the earliest trial
+        (`nasplat.core.pareto.ranked_rows`, the one tie rule)."""
+        return [dict(r) for r in pareto.ranked_rows(self.rows, self.metric, self.mode, self.constraints)]
+
+    def tied_best(self) -> list[int]:
+        """The trials tied with the best on `metric` (the best first; one trial when there is no tie, none when
+        nothing succeeded): `best` is the earliest of them."""
+        return [int(t) for t in pareto.tied_best(self.ranked(), self.metric, self.constraints)]
 
     @property
     def best(self) -> dict[str, Any] | None:
@@ -126,16 +119,7 @@ class ExperimentResult:
             if self.best is None:
                 raise LookupError("no trial reported a finite metric, so there is no best trial to load")
             trial_id = self.best["trial_id"]
-        recorded = sorted({(row["step"], row["checkpoint"]) for row in self.rows if row.get("trial_id") == trial_id
-                           and row.get("checkpoint") and (step is None or row["step"] <= step)}, reverse=True)
-        for found_step, uri in recorded:
-            for location in checkpoint_locations(self.location, uri):
-                if is_complete(location):
-                    return Checkpoint(trial_id, found_step, location)
-        where = f"at or before step {step}" if step is not None else "at any step"
-        raise LookupError(f"trial {trial_id} has no checkpoint {where} in storage (rows name "
-                          f"{len(recorded)}; the rest were never written or deleted by `keep_best`); run with "
-                          "`checkpoint:` set to keep trained states")
+        return latest_checkpoint(self.rows, self.location, trial_id, step)
 
     def load_state(self, trial_id: int | None = None, step: int | None = None) -> Any:
         """The trainer state (`state_dict`) of trial `trial_id` (default: the best) from its latest checkpoint at

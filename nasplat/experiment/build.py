@@ -68,6 +68,9 @@ def build(spec: ExperimentSpec) -> BuiltExperiment:
         cls = CONTROLLERS[controller] if isinstance(controller, str) else controller
         controller = _new_controller(cls, spec.space, metric=spec.metric, mode=spec.mode, seed=spec.seed,
                                      options=spec.controller_options, constraints=spec.constraints)
+    space = getattr(controller, "space", None)
+    if isinstance(space, Space):
+        trainer.check_experiment(space, max_steps=spec.max_steps)  # a wrong setup refused before anything runs
     if spec.scheduler is not None:  # a scheduler wraps the controller and is the controller to the engine
         controller = make_scheduler(spec.scheduler, controller, max_steps=spec.max_steps)
     name = spec.name or f"{type(controller).__name__.lower()}-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -101,10 +104,19 @@ def _new_controller(cls: Any, space: Any, *, metric: str | Sequence[str] | None,
     metric, mode, seed and constraints and the controller's `options`."""
     if space is None or metric is None:
         raise ValueError(f"`space` and `metric` are needed to build a controller, got space={space!r}, {metric=!r}")
-    space = stored_space(resolve(space, what="space"))
     extra = {"constraints": constraints} if constraints is not None else {}
-    return cls(space if isinstance(space, Space) else Space(space), metric=metric, mode=mode, seed=seed,
-               **extra, **dict(options or {}))
+    return cls(make_space(space), metric=metric, mode=mode, seed=seed, **extra, **dict(options or {}))
+
+
+def make_space(space: Any) -> Space:
+    """The search space: a `Space`, a mapping of domains, a dotted path to either, or a list of those merged in
+    order (later keys win, every part's rules kept): `[search_spaces.nb201:space, {supernet: results/sn}]`."""
+    parts = [stored_space(resolve(part, what="space")) for part in (space if isinstance(space, list) else [space])]
+    spaces = [part if isinstance(part, Space) else Space(part) for part in parts]
+    if len(spaces) == 1:
+        return spaces[0]
+    domains = {key: domain for part in spaces for key, domain in part.domains.items()}
+    return Space(domains, forbidden={name: rule for part in spaces for name, rule in part.forbidden.items()})
 
 
 def make_executor(executor: str | Executor, *, concurrency: int | None, **options: Any) -> Executor:

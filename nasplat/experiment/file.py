@@ -92,14 +92,17 @@ def experiment_spec(spec: Mapping[str, Any], *, source: str = "experiment") -> E
 def _translate(spec: Mapping[str, Any], source: str) -> ExperimentSpec:
     """The YAML layout (sections `budget` and `resources`, a controller's options beside its name) checked and
     flattened into a spec; plain values are left to `ExperimentSpec.check`."""
+    if "pipeline" in spec:
+        raise ValueError(f"{source}: a pipeline file (it has `pipeline:`): run it with `nasplat run`, or "
+                         "nasplat.experiment.pipeline.run_pipeline in Python")
     _check_keys(spec, TOP_KEYS, source)
     missing = [k for k in REQUIRED if k not in spec]
     if missing:
         raise ValueError(f"{source}: missing required keys {missing}; an experiment needs {list(REQUIRED)}")
-    for key in ("trainer", "space"):
-        value = spec[key]
-        if not (isinstance(value, str) and value) and not (key == "space" and isinstance(value, Mapping)):
-            raise ValueError(f"`{key}` must be a dotted path 'package.module:attribute', got {key}={value!r}")
+    trainer = spec["trainer"]
+    if not (isinstance(trainer, str) and trainer):
+        raise ValueError(f"`trainer` must be a dotted path 'package.module:attribute', got trainer={trainer!r}")
+    _check_space(spec["space"])
     controller = spec["controller"]
     if isinstance(controller, str):
         controller = {"name": controller}
@@ -136,6 +139,15 @@ def _translate(spec: Mapping[str, Any], source: str) -> ExperimentSpec:
         executor_options=ray_options if executor == "ray" else {},
         callbacks=spec.get("callbacks") or [],  # names or mappings: built by `build`, the spec stays plain data
         scheduler=spec.get("scheduler"))  # a name, or a mapping of a name and options
+
+
+def _check_space(space: Any) -> None:
+    """A space in YAML: a dotted path, a mapping of constants and sub-spaces, or a list of those merged in order."""
+    parts = space if isinstance(space, list) and space else [space]
+    for part in parts:
+        if not (isinstance(part, str) and part) and not isinstance(part, Mapping):
+            raise ValueError(f"`space` must be a dotted path 'package.module:attribute', a mapping, or a list of "
+                             f"those (merged in order), got space={space!r}")
 
 
 def _check_scheduler_options(spec: ExperimentSpec) -> None:

@@ -118,10 +118,14 @@ class DartsTrainer(OneShotTrainer):
 
     ARCH_LR = 3e-4
     """The default `arch_lr`: the papers' (DARTS, GDAS), tuned for ~100k alpha steps; far fewer steps need more."""
+    CONFIG_KEYS = ("method", "lr", "momentum", "weight_decay", "arch_lr", "arch_weight_decay", "tau_max", "tau_min",
+                   "warmup_epochs", "arch_data", "grad_clip", "path_seed")
+    TRAINS_SUPERNET = True
+    DEFAULT_EPOCHS = 20
 
     def setup(self, config: Config, ctx: WorkerContext) -> None:
         self.setup_common(config, ctx)
-        self.epochs = check_int("epochs", config.get("epochs", 20), minimum=1)
+        self.epochs = check_int("epochs", config.get("epochs", self.DEFAULT_EPOCHS), minimum=1)
         self.method = check_choice("method", config.get("method", "gdas"), METHODS)
         self.lr = check_real("lr", config.get("lr", 0.025), minimum=0, strict=True)
         momentum = check_real("momentum", config.get("momentum", 0.9), minimum=0, maximum=1)

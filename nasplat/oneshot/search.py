@@ -1,11 +1,9 @@
-"""Searching over one trained supernet: its weights published once, every trial a path judged by them.
+"""Searching over one trained supernet: its weights loaded once, every trial a path judged by them.
 
-`SharedWeights` holds a supernet's `state_dict` as read-only numpy arrays. Where it goes with the trainer class it
-stays one copy: forked workers (`processes`, and `local`) see the driver's pages (copy-on-write, nothing copied
-while nobody writes), and on `ray` the first time it is pickled in a driver with Ray running it is put in the object
-store once (`ray.put` of the dict of arrays) and travels as that one `ObjectRef`; a Ray worker reads zero-copy,
-read-only views of the store's memory. `search_trainer(PathTrainer subclass, weights, config)` makes the trial
-class that carries it.
+A path search names its supernet in its config by reference (`supernet`: the supernet experiment's folder or URI,
+`supernet_trial`, `supernet_step`: `nasplat.oneshot.reference`), so that it is plain data (YAML, `experiment.json`);
+for Python users `search_trainer(PathTrainer subclass, weights, config)` makes a trial class carrying
+`SharedWeights` (`nasplat.oneshot.shared`) instead.
 
 `PathTrainer`: a trial whose config is a path of the supernet's space; its one step returns `evaluate_path`'s
 metrics (batch norm recalibrated on a copy: the shared tensors are never written). `ProxyTrainer`: a trial that
@@ -15,103 +13,26 @@ reports the zero-cost proxies of its path, untrained, so that any controller can
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
-import os
-import sys
 import time
-import warnings
 import weakref
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
-import numpy as np
 import torch
 
 from nasplat.core.checks import check_bool, check_int
 from nasplat.oneshot.proxies import PROXIES, score
-from nasplat.oneshot.supernet import Supernet
+from nasplat.oneshot.reference import (REFERENCE_KEYS, LoadedSupernet, SupernetReference, check_weights_fit,
+                                       load_supernet)
+from nasplat.oneshot.shared import SharedWeights, _from_ref  # noqa: F401 - _from_ref: pickles made before the move
+from nasplat.oneshot.supernet import Supernet, check_same_decisions
 from nasplat.oneshot.training import OneShotTrainer, evaluate_path
-from nasplat.space import Config
-from nasplat.storage.checkpoints import load_checkpoint
+from nasplat.space import Config, Space
 from nasplat.trainer import WorkerContext, start
 
 Settings = tuple[tuple[str, str], ...]  # a trial config's keys besides its path, as sorted (key, repr) pairs
-
-
-def _array(value: Any) -> np.ndarray:
-    array = np.ascontiguousarray(value.detach().cpu().numpy() if isinstance(value, torch.Tensor) else value)
-    array.setflags(write=False)
-    return array
-
-
-class SharedWeights:
-    """A supernet's weights, held once for a whole search (see the module's docstring).
-
-    `state`: a `state_dict` (tensors or arrays), or a trainer state holding one under `"model"`. `puts` counts the
-    `ray.put`s this object made (at most one); `ref` is the `ObjectRef` once it has one."""
-
-    def __init__(self, state: Mapping[str, Any], source: str | None = None) -> None:
-        if "model" in state and isinstance(state["model"], Mapping):
-            state = state["model"]
-        self._arrays: dict[str, np.ndarray] | None = {key: _array(value) for key, value in state.items()}
-        self.ref: Any = None
-        self.puts = 0
-        self.source = source  # the checkpoint it was loaded from, to load again where the object is gone
-
-    @classmethod
-    def load(cls, source: Any, trial_id: int | None = None) -> SharedWeights:
-        """From a supernet trial's checkpoint (a path or URI: `load_checkpoint`), or from an experiment's result
-        (an `nasplat.ExperimentResult`, or anything with its `load_state(trial_id)`: the best trial by default)."""
-        if isinstance(source, (str, os.PathLike)):
-            return cls(load_checkpoint(os.fspath(source)), os.fspath(source))
-        return cls(source.load_state(trial_id))
-
-    @property
-    def arrays(self) -> dict[str, np.ndarray]:
-        """The read-only arrays: the driver's own, or (in a Ray worker) views of the object store, fetched once."""
-        if self._arrays is None:
-            import ray
-
-            try:
-                self._arrays = ray.get(self.ref)
-            except Exception:  # noqa: BLE001 - the Ray session that held it ended (a resumed search)
-                if self.source is None:
-                    raise
-                self._arrays = SharedWeights.load(self.source)._arrays
-        assert self._arrays is not None
-        return self._arrays
-
-    def tensors(self) -> dict[str, torch.Tensor]:
-        """Tensors on the arrays' memory (`torch.from_numpy`: no copy). They must not be written."""
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=".*not writable.*")
-            return {key: torch.from_numpy(array) for key, array in self.arrays.items()}
-
-    def share(self) -> Any:
-        """Put the arrays in Ray's object store (once) and return the `ObjectRef`."""
-        if self.ref is None:
-            import ray
-
-            self.ref, self.puts = ray.put(self.arrays), self.puts + 1
-        return self.ref
-
-    def __reduce__(self) -> Any:
-        """Pickled by reference to the object store where this process runs Ray (shipping to Ray workers), else by
-        value. The object lives as long as its Ray session: weights loaded from a checkpoint (`load`) are loaded
-        from it again where the object is gone (a search resumed in another session); others must be given again."""
-        if self.ref is None:
-            ray = sys.modules.get("ray")  # Ray runs only where it was imported: no import here
-            if ray is None or not ray.is_initialized():
-                return (SharedWeights, (self.arrays, self.source))
-            self.share()
-        return (_from_ref, (self.ref, self.source))
-
-
-def _from_ref(ref: Any, source: str | None = None) -> SharedWeights:
-    """A worker's handle on the object `ref`: its arrays are fetched (zero-copy) when first used."""
-    weights = SharedWeights.__new__(SharedWeights)
-    weights._arrays, weights.ref, weights.puts, weights.source = None, ref, 0, source
-    return weights
 
 
 # A search class's loaded supernet in this process, with the settings it was built with (the config's non-path
@@ -121,23 +42,63 @@ _REUSED: weakref.WeakKeyDictionary[type, tuple[SharedWeights, frozenset[str], Se
 
 
 class PathTrainer(OneShotTrainer):
-    """A trial that judges the path its config names by the shared supernet's weights; one step, `done: True`.
+    """A trial that judges the path its config names by a trained supernet's weights; one step, `done: True`.
 
-    Made with `search_trainer` (which gives `weights` and the supernet's `supernet_config`, the keys it was built
-    and trained with, under the trial's own); subclasses give `load_data` and `build_supernet` (as for
-    `SupernetTrainer`: the same mixin). Config: the path's decisions, `bn_batches` (4), `report_test` (True;
-    False skips the test split, a search's cheaper setting). Reports `valid_acc`, `valid_loss`, `params`,
-    `test_acc` / `test_loss` where the data have a test split and `report_test` holds (to report only), `eval_ms`,
-    and `inherited: 1.0` (the mark by which the report knows the accuracies for inherited ones)."""
+    The supernet: by reference in the config (`supernet`, `supernet_trial`, `supernet_step`: see
+    `nasplat.oneshot.reference`), or the class's `weights` (made with `search_trainer`); its trial's config (or
+    the class's `supernet_config`) goes under the trial's own, so that the network is built as it was trained.
+    Subclasses give `load_data` and `build_supernet` (as for `SupernetTrainer`: the same mixin). Config: the path's
+    decisions, `bn_batches` (4), `report_test` (True; False skips the test split, a search's cheaper setting).
+    Reports `valid_acc`, `valid_loss`, `params`, `test_acc` / `test_loss` where the data have a test split and
+    `report_test` holds (to report only), `eval_ms`, `inherited: 1.0` (the mark by which the report knows the
+    accuracies for inherited ones), and the supernet it used: `supernet_config` (its settings, JSON), with
+    `supernet_trial` and `supernet_step` when named by reference. `check_experiment` refuses, before the search
+    runs, a space whose decisions are not the supernet's paths and weights that do not fit the supernet."""
 
     weights: ClassVar[SharedWeights | None] = None
     supernet_config: ClassVar[Mapping[str, Any]] = {}
+    CONFIG_KEYS = ("bn_batches", "report_test", *REFERENCE_KEYS)
+
+    @classmethod
+    def source(cls, config: Config) -> LoadedSupernet:
+        """The supernet `config` names by reference, else the class's own weights; else one line saying how to
+        give one."""
+        reference = SupernetReference.from_config(config)
+        if reference is not None:
+            return load_supernet(reference)
+        if cls.weights is None:
+            raise ValueError(f"{cls.__name__} needs the supernet it searches: give `supernet: <its experiment "
+                             f"folder>` in the config (the space), or make the class with "
+                             f"search_trainer({cls.__name__}, weights)")
+        return LoadedSupernet(cls.weights, dict(cls.supernet_config))
+
+    @classmethod
+    def check_experiment(cls, space: Space, *, max_steps: int) -> None:
+        """Refuse a search whose space's decisions are not the supernet's paths (keys or options), or whose
+        supernet's weights do not fit the network its settings build."""
+        config = space.default()
+        loaded = cls.source(config)
+        settings = {**loaded.settings, **config}
+        probe = cls()
+        data = probe.load_data(settings)
+        torch.manual_seed(0)
+        net = probe.build_supernet(settings, data)
+        paths = check_same_decisions(probe.path_space(settings, net), net)
+        missing = [key for key in paths.domains if key not in space.domains]
+        if missing:
+            raise ValueError(f"{cls.__name__}: the search space has no decisions {missing} of the supernet "
+                             f"(its paths' decisions: {list(paths.domains)}; the space's keys: {list(space.domains)})")
+        for key, domain in paths.domains.items():
+            given = getattr(space.domains[key], "options", [space.domains[key]])
+            foreign = [option for option in given if option not in domain.options]
+            if foreign:
+                raise ValueError(f"{cls.__name__}: the search space's {key!r} offers {foreign}, which the supernet "
+                                 f"does not have (its options: {domain.options})")
+        check_weights_fit(net, loaded.weights, settings)
 
     def setup(self, config: Config, ctx: WorkerContext) -> None:
-        config = {**self.supernet_config, **config}
-        if self.weights is None:
-            raise TypeError(f"{type(self).__name__} has no shared weights: make the class with "
-                            f"search_trainer({type(self).__name__}, weights)")
+        self.loaded = self.source(config)
+        config = {**self.loaded.settings, **config}
         self.setup_common(config, ctx)
         self.space.validate({key: config[key] for key in self.space.domains})
         self.bn_batches = check_int("bn_batches", config.get("bn_batches", 4), minimum=0)
@@ -151,13 +112,14 @@ class PathTrainer(OneShotTrainer):
         cached = _REUSED.get(type(self))
         if cached is not None:
             weights, decisions, settings, net = cached
-            if weights is self.weights and settings == self._settings(config, decisions):
+            if weights is self.loaded.weights and settings == self._settings(config, decisions):
                 return net
         net = super().supernet_for(config)
-        net.load_state_dict(self.weights.tensors(), assign=True)
+        check_weights_fit(net, self.loaded.weights, config)
+        net.load_state_dict(self.loaded.weights.tensors(), assign=True)
         net.requires_grad_(False)
         decisions = frozenset(net.space().domains)
-        _REUSED[type(self)] = (self.weights, decisions, self._settings(config, decisions), net)
+        _REUSED[type(self)] = (self.loaded.weights, decisions, self._settings(config, decisions), net)
         return net
 
     def _settings(self, config: Config, decisions: frozenset[str]) -> Settings:
@@ -170,6 +132,9 @@ class PathTrainer(OneShotTrainer):
                                                 bn_batches=self.bn_batches)
         metrics["eval_ms"] = 1000 * (time.perf_counter() - start)
         metrics["inherited"], metrics["done"] = 1.0, True
+        metrics["supernet_config"] = json.dumps(self.loaded.settings, sort_keys=True, default=str)
+        if self.loaded.trial is not None:
+            metrics["supernet_trial"], metrics["supernet_step"] = self.loaded.trial, self.loaded.step
         return metrics
 
     def state_dict(self) -> dict[str, Any]:
@@ -187,6 +152,8 @@ class ProxyTrainer(OneShotTrainer):
     (names of `PROXIES`; default all). Reports each proxy by name (higher = predicted better; an infinite score,
     NASWOT's log det of a singular kernel, as -1e300 or 1e300: ranked last or first, not a failed trial), `params`
     and `proxy_ms`."""
+
+    CONFIG_KEYS = ("init_seed", "proxies", "proxy_batch")
 
     def setup(self, config: Config, ctx: WorkerContext) -> None:
         seed = check_int("init_seed", config.get("init_seed", 0))

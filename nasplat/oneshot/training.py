@@ -12,7 +12,7 @@ import math
 import time
 from abc import abstractmethod
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 import numpy as np
 import torch
@@ -22,7 +22,7 @@ from torch import nn
 from nasplat.core.checks import check_choice, check_int, check_real
 from nasplat.oneshot.sampling import FairSampler, PathSampler, make_sampler, rng_for
 from nasplat.oneshot.supernet import Supernet, check_same_decisions, drop_unused_grads, extract, select
-from nasplat.space import Config, Space
+from nasplat.space import Config, Domain, Space
 from nasplat.trainer import Trainer, WorkerContext
 
 
@@ -118,6 +118,22 @@ def train_epoch(supernet: Supernet, model: nn.Module, optimizer: torch.optim.Opt
     return total / max(count, 1), step - first_step
 
 
+def check_epoch_budget(name: str, space: Space, max_steps: int, default: int | None) -> None:
+    """Refuse (one line) a trainer that trains one epoch a step and whose `epochs` (the space's, its largest option,
+    else `default`) is more than `max_steps`: the trial would be recorded completed before its schedule ended."""
+    domain = space.domains.get("epochs", default)
+    if isinstance(domain, Domain):
+        options = getattr(domain, "options", None) or [getattr(domain, "high", None)]
+    else:
+        options = [domain]
+    counts = [int(o) for o in options if isinstance(o, (int, float)) and not isinstance(o, bool)]
+    if counts and max(counts) > max_steps:
+        epochs = max(counts)
+        raise ValueError(f"{name}: epochs={epochs} but max_steps={max_steps}: a trial trains one epoch a step and "
+                         f"would be recorded completed after {max_steps} of its {epochs} epochs; set the budget's "
+                         f"max_steps to {epochs}, or epochs to {max_steps}")
+
+
 def shared_seed(ctx: WorkerContext, seed: int) -> int:
     """`seed` as rank 0 has it, on every rank: broadcast over the gang's torch process group when there is one
     (allreduce, gossip); on a gang without one (async), the trial id (the same on every rank)."""
@@ -136,7 +152,36 @@ class OneShotTrainer(Trainer):
     """What the one-shot trials share: the data (this rank's shard of the training set), the supernet, the space
     of its paths. Subclasses give the data and the supernet (`load_data`, `build_supernet`), and may constrain the
     paths (`path_space`: a space with the supernet's decisions and rules of its own). Config keys read here:
-    `batch_size` (64), `epochs` (None), `train_size` (train on the first `train_size` training samples; all)."""
+    `batch_size` (64), `epochs` (None), `train_size` (train on the first `train_size` training samples; all).
+
+    `CONFIG_KEYS` (each class its own, and `SETTINGS` of a mixin: the keys that build the network and its data)
+    name the settings a trainer reads; a trainer that trains the whole supernet (`TRAINS_SUPERNET`) refuses,
+    before the experiment runs, a space that varies any other key (a path's decisions: it trains every path) and
+    an `epochs` (`DEFAULT_EPOCHS` where the space has none) beyond `max_steps`."""
+
+    CONFIG_KEYS: ClassVar[tuple[str, ...]] = ("batch_size", "epochs", "train_size")
+    SETTINGS: ClassVar[tuple[str, ...]] = ()
+    TRAINS_SUPERNET: ClassVar[bool] = False
+    DEFAULT_EPOCHS: ClassVar[int | None] = None
+
+    @classmethod
+    def known_keys(cls) -> list[str]:
+        """Every config key this trainer reads: the `CONFIG_KEYS` and `SETTINGS` of its classes."""
+        return sorted({key for klass in cls.__mro__ for name in ("CONFIG_KEYS", "SETTINGS")
+                       for key in vars(klass).get(name, ())})
+
+    @classmethod
+    def check_experiment(cls, space: Space, *, max_steps: int) -> None:
+        """A supernet trainer's checks (see the class docstring); others accept every space."""
+        if not cls.TRAINS_SUPERNET:
+            return
+        check_epoch_budget(cls.__name__, space, max_steps, cls.DEFAULT_EPOCHS)
+        known = cls.known_keys()
+        foreign = [key for key, domain in space.domains.items() if isinstance(domain, Domain) and key not in known]
+        if foreign:
+            raise ValueError(f"{cls.__name__}: the space's decisions {foreign} are not settings of the supernet it "
+                             f"trains (a supernet trainer trains every path, so a path's decisions have no place "
+                             f"in its space; search paths with a path trainer over its weights); it reads {known}")
 
     @abstractmethod
     def load_data(self, config: Config) -> Splits:
@@ -198,6 +243,10 @@ class SupernetTrainer(OneShotTrainer):
     default `find_unused_parameters=False` reduces every parameter each step, and those zero gradients are dropped
     after the reduction (`drop_unused_grads`) so that the optimizer leaves the untrained candidates alone.
     `find_unused_parameters=True` works as well, at DDP's cost of a graph traversal per step."""
+
+    CONFIG_KEYS = ("sampler", "strict_fairness", "lr", "momentum", "weight_decay", "eval_paths", "bn_batches",
+                   "path_seed")
+    TRAINS_SUPERNET = True
 
     def setup(self, config: Config, ctx: WorkerContext) -> None:
         self.setup_common(config, ctx)

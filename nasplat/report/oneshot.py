@@ -12,6 +12,7 @@ is checked in its metadata before any row is read, and only the columns needed a
 
 from __future__ import annotations
 
+import html
 import json
 import math
 import re
@@ -262,10 +263,26 @@ def truth_part(exp: ReportFrame, source: str | Path, metric: str | None = None,
             + table(pd.DataFrame([stats]), caption="Rank correlation with the ground truth."))
 
 
+def pipeline_part(exp: ReportFrame) -> str:
+    """Links to the other stages of the pipeline this folder is a stage of (`../pipeline.json` beside it: supernet,
+    search, retrain; `nasplat.experiment.pipeline`), each stage's report."""
+    record = exp.folder.resolve().parent / "pipeline.json"
+    try:
+        stages = json.loads(record.read_text(encoding="utf-8")).get("stages")
+    except (OSError, ValueError, AttributeError):
+        return ""
+    if not isinstance(stages, list):
+        return ""
+    names = [s for s in stages if isinstance(s, str) and re.fullmatch(r"[A-Za-z0-9_-]+", s)]
+    links = [f"<b>{html.escape(s)}</b> (this folder)" if s == exp.folder.resolve().name
+             else f"<a href='../{s}/report.html'>{html.escape(s)}</a>" for s in names]
+    return f"<p class='pipeline'>A stage of the pipeline {html.escape(record.parent.name)}: {' → '.join(links)}</p>"
+
+
 def oneshot_section(exp: ReportFrame, ground_truth: str | Path | None = None,
                     ground_truth_metric: str | None = None, ground_truth_max_rows: int = MAX_GROUND_TRUTH_ROWS) -> str:
     """The weight-sharing section: whichever of training curve, path search and ground truth apply."""
-    parts = [training_part(exp), search_part(exp)]
+    parts = [pipeline_part(exp), training_part(exp), search_part(exp)]
     if ground_truth is not None:
         parts.append(truth_part(exp, ground_truth, ground_truth_metric, ground_truth_max_rows))
     body = "".join(parts)

@@ -20,7 +20,7 @@ import re
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -186,6 +186,23 @@ def _numpy_globals() -> list[Any]:
         from numpy.core.multiarray import _reconstruct, scalar  # type: ignore[no-redef]
     dtypes = [type(np.dtype(code)) for code in "?bhilqBHILQefdgFDGSUV"]
     return [_reconstruct, scalar, np.ndarray, np.dtype, *dtypes]
+
+
+def latest_checkpoint(rows: Iterable[Mapping[str, Any]], home: str | None, trial_id: Any,
+                      step: int | None = None) -> Checkpoint:
+    """The latest checkpoint of trial `trial_id` at or before `step` (default: any) that `rows` name and that is
+    still in storage and complete, looked up under `home` (the experiment's location) first: `checkpoint_locations`.
+    Raises `LookupError` naming what was looked for if there is none."""
+    recorded = sorted({(row["step"], row["checkpoint"]) for row in rows if row.get("trial_id") == trial_id
+                       and row.get("checkpoint") and (step is None or row["step"] <= step)}, reverse=True)
+    for found_step, uri in recorded:
+        for location in checkpoint_locations(home, uri):
+            if is_complete(location):
+                return Checkpoint(trial_id, found_step, location)
+    where = f"at or before step {step}" if step is not None else "at any step"
+    raise LookupError(f"trial {trial_id} has no checkpoint {where} in storage (rows name "
+                      f"{len(recorded)}; the rest were never written or deleted by `keep_best`); run with "
+                      "`checkpoint:` set to keep trained states")
 
 
 def read_manifest(uri: str) -> dict[str, Any]:
