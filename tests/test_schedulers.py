@@ -409,3 +409,22 @@ def test_asha_around_multi_objective_evolution_through_the_engine():
     by_acc = sorted({r["trial_id"]: r["acc"] for r in rows if r["step"] == 1}.items(), key=lambda kv: -kv[1])
     # the least accurate trial on rung 0 is on the front too (fastest): a first-metric ranking would never take it
     assert by_acc[-1][0] in promoted
+
+
+def test_the_readme_states_every_schedulers_options_with_their_defaults():
+    import inspect
+    from pathlib import Path
+
+    from nasplat.schedulers import SCHEDULERS
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    for name in SCHEDULERS:
+        bullet = re.search(rf"^- \*\*`{name}`\*\* \(([^)]*)\):", readme, re.MULTILINE)
+        assert bullet, f"README has no bullet for scheduler {name!r}"
+        stated = dict(re.findall(r"`(\w+)`=(`\w+`|[^,]+)", bullet.group(1).replace("\n", " ")))
+        parameters = inspect.signature(SCHEDULERS[name]).parameters
+        options = [p for p in parameters.values() if p.name != "controller"]
+        assert sorted(stated) == sorted(p.name for p in options), name
+        for option in options:
+            expected = "the run's" if option.default is inspect.Parameter.empty else str(option.default)
+            assert stated[option.name].strip().strip("`") == expected, (name, option.name)
