@@ -86,3 +86,14 @@ def test_a_config_outside_the_grid_is_named():
     with pytest.raises(ValueError, match=r"config\['lr'\] must be one of \[0.001, .*\] .* got 0.03"):
         trainer.setup(config, nasplat.WorkerContext())
     assert load_curves() is load_curves()  # read once per process
+
+
+def test_the_build_script_trains_a_configuration_to_the_tables_numbers(frame):
+    from benchmarks_path import BENCHMARKS  # noqa: F401  (puts benchmarks/ on sys.path)
+    from lc_table_build import train
+
+    config = {"depth": 1, "channels": 16, "lr": 0.1, "batch_size": 128, "weight_decay": 1e-3}  # the cheapest kind
+    entry = train(config)
+    table = frame.loc[tuple(config[k] for k in GRID)]
+    assert entry["valid_acc"] == table["valid_acc"].tolist() and entry["test_acc"] == table["test_acc"].tolist()
+    assert entry["train_loss"] == pytest.approx(table["train_loss"].tolist(), rel=1e-6)
