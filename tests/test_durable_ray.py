@@ -77,7 +77,7 @@ if sys.argv[1] == "run":
                 max_steps={STEPS}, seed=11, storage=sys.argv[2], name="pbt",
                 checkpoint={{"at_perturbation": True, "at_end": True}}, executor_options={{"cpus_per_trial": 0.5}})
 else:
-    nasplat.resume(sys.argv[2])
+    nasplat.resume(sys.argv[2], allow_pickle=True)  # a controller object: the spec is a pickle
 '''
 
 
