@@ -111,9 +111,10 @@ def test_the_pipeline_killed_in_each_stage_resumes_to_the_searched_network_on_di
     out = kill_when_held(nasplat_cli(tmp_path, *run, hold="retrain:2"), "retrain")
     assert "supernet (finished: skipped)" in out and "search (resumed)" in out and "retrain (started)" in out
     home = tmp_path / "results" / "digits-oneshot"
-    finish(nasplat_cli(tmp_path, "resume", str(home / "retrain"), "--quiet"))  # a stage resumed on its own
-    out = finish(nasplat_cli(tmp_path, *run))
+    out = finish(nasplat_cli(tmp_path, "resume", str(home), "--quiet"))  # the pipeline, from its pipeline.json
     assert "search (finished: skipped)" in out and "retrain (resumed)" in out
+    out = finish(nasplat_cli(tmp_path, *run))
+    assert all(f"{stage} (finished: skipped)" in out for stage in ("supernet", "search", "retrain"))
 
     supernet = nasplat.ExperimentResult.load(home / "supernet").rows
     assert [r["step"] for r in supernet] == list(range(1, EPOCHS + 1)) and supernet[-1]["status"] == "completed"

@@ -11,7 +11,7 @@ from nasplat.core.rows import Status
 from nasplat.engine.console import last_line
 from nasplat.engine.result import ExperimentResult
 from nasplat.experiment.file import experiment_spec, read_experiment_file
-from nasplat.experiment.pipeline import is_pipeline, run_pipeline
+from nasplat.experiment.pipeline import is_pipeline, pipeline_home, resume_pipeline, run_pipeline
 from nasplat.experiment.retrain import retrain
 from nasplat.experiment.run import default_storage, resume, run_spec
 from nasplat.storage import JOURNAL_FILE, ROWS_FILE, read_rows
@@ -107,7 +107,13 @@ def _run_pipeline(raw: dict, args: argparse.Namespace) -> int:
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
-    """Finish a killed experiment from its folder, then print its best trials."""
+    """Finish a killed experiment (or a pipeline, from its folder's `pipeline.json`), then print its best trials."""
+    home = pipeline_home(args.folder)
+    if home is not None:
+        retrained = resume_pipeline(home, progress=not args.quiet, announce=lambda line: print(line, flush=True))
+        print(f"results: {retrained['retrain'].location}")
+        _summarise(retrained["retrain"], top=1)
+        return _nothing_succeeded(retrained["retrain"], "resume")
     result = resume(args.folder, progress=not args.quiet, allow_pickle=args.trust_pickle)
     print(f"results: {result.location}")
     _summarise(result, top=5)

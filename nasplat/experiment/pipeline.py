@@ -16,8 +16,9 @@ its own experiment folder beside the others, `<storage>/<name>/supernet`, `.../s
 `<storage>/<name>/pipeline.json` records the pipeline and which stages finished. The supernet stage keeps
 checkpoints (`checkpoint: {every: 1}` unless given); the search names it by reference (`supernet: <its folder>`
 added to its space, so its folder is plain JSON too); the retrain gets every setting of both (`nasplat.retrain`).
-Running the file again skips the finished stages and resumes the unfinished one (`nasplat resume` of a stage's
-folder works as well); a retrain that failed is started afresh.
+Running the file again, or `nasplat resume <storage>/<name>` (`resume_pipeline`, from the recipe in
+`pipeline.json`), skips the finished stages and resumes the unfinished one (`nasplat resume` of a stage's folder
+works as well); a retrain that failed is started afresh.
 """
 
 from __future__ import annotations
@@ -109,6 +110,24 @@ def run_pipeline(spec: Mapping[str, Any] | str | Path, *, storage: str | None = 
         record["finished"][stage] = True
         write_atomic(home / PIPELINE_FILE, json.dumps(record, indent=2).encode())
     return results
+
+
+def pipeline_home(location: str | Path) -> Path | None:
+    """The pipeline folder `location` is (one holding `pipeline.json`), else None."""
+    path = Path(location)
+    return path if not is_uri(str(location)) and (path / PIPELINE_FILE).is_file() else None
+
+
+def resume_pipeline(home: Path, *, progress: bool = False,
+                    announce: Callable[[str], None] | None = None) -> dict[str, ExperimentResult]:
+    """Go on with the pipeline whose folder is `home` (`nasplat resume <storage>/<name>`), from the recipe its
+    `pipeline.json` holds: finished stages skipped, the unfinished one resumed, the rest started."""
+    record = read_json(home / PIPELINE_FILE)
+    if not isinstance(record, dict) or not isinstance(record.get("pipeline"), Mapping):
+        raise ValueError(f"{home / PIPELINE_FILE}: not a pipeline record (no `pipeline` mapping)")
+    spec = {"name": home.resolve().name, "pipeline": record["pipeline"]}
+    return run_pipeline(spec, storage=str(home.resolve().parent), source=str(home / PIPELINE_FILE),
+                        progress=progress, announce=announce)
 
 
 def _record(home: Path, checked: dict[str, Any], source: str) -> dict[str, Any]:
