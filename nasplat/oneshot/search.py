@@ -132,6 +132,7 @@ class PathTrainer(OneShotTrainer):
 
     weights: ClassVar[SharedWeights | None] = None
     supernet_config: ClassVar[Mapping[str, Any]] = {}
+    deterministic = True  # a path's score is its shared weights' (an equal config is answered from the record)
 
     def setup(self, config: Config, ctx: WorkerContext) -> None:
         config = {**self.supernet_config, **config}
@@ -187,6 +188,8 @@ class ProxyTrainer(OneShotTrainer):
     (names of `PROXIES`; default all). Reports each proxy by name (higher = predicted better; an infinite score,
     NASWOT's log det of a singular kernel, as -1e300 or 1e300: ranked last or first, not a failed trial), `params`
     and `proxy_ms`."""
+
+    deterministic = True  # the init is fixed: a path's scores are its own (an equal config is answered from the record)
 
     def setup(self, config: Config, ctx: WorkerContext) -> None:
         seed = check_int("init_seed", config.get("init_seed", 0))
