@@ -82,6 +82,9 @@ class Trainer(ABC):
     config: Config
     ctx: WorkerContext
 
+    RETRAIN_TRAINER: ClassVar[str | None] = None
+    """The standalone trainer (a dotted path `module:Class`) that `nasplat retrain` trains a chosen architecture
+    with from scratch (a search trainer's path, a supernet's cell); None: `nasplat retrain` needs `--trainer`."""
     deterministic: ClassVar[bool] = False
     """Whether a trial's reports are a function of its config alone (not of its seed, its process, or anything
     else): a path judged by shared weights, a table lookup, a zero-cost proxy at a fixed init. Then a new trial

@@ -191,7 +191,7 @@ def test_an_exploit_waits_for_the_snapshot_its_donors_busy_worker_has_yet_to_tak
     try:
         for trial_id, config in enumerate(({"x": 0.0}, {"x": 1.0}, {"x": 2.0, "hold": True})):
             executor.launch(trial_id, config, seed=trial_id)  # trials 0 and 2 share a worker; 1 has the other
-        assert executor.where[0] is executor.where[2] is not executor.where[1]
+        assert executor.trials[0].worker is executor.trials[2].worker is not executor.trials[1].worker
         assert _counts(executor, 3) == {0: 1, 1: 1, 2: 1}
         executor.step(0, snapshot=True)  # a snapshot at t=1, then t=2
         assert _counts(executor, 1) == {0: 2}

@@ -19,10 +19,11 @@ from nasplat.core.rows import Status
 from nasplat.engine import console
 from nasplat.engine.checkpoints import CheckpointBook
 from nasplat.engine.listener import notify
-from nasplat.engine.records import Budget, ExperimentFailed, TrialRecord, check_step_timeout
+from nasplat.engine.records import Budget, ExperimentFailed, TrialRecord
 from nasplat.engine.result import ExperimentResult
 from nasplat.engine.state import EngineState
 from nasplat.engine.step_metrics import MetricError, clean_metrics
+from nasplat.executors import check_step_timeout
 from nasplat.executors.base import Executor, StepEvent
 from nasplat.storage import ExperimentFolder
 from nasplat.storage.checkpoints import Checkpoint, CheckpointPolicy
@@ -189,7 +190,7 @@ class Engine(EngineState):
             state, record.step = durable, durable.step
         elif memory is not None:
             state, record.step = memory
-        elif record.inherit is None and self._answer(record):
+        elif record.inherit is None and self.answers.enabled and self._answer(record):
             return
         else:
             record.step = 0
@@ -231,7 +232,7 @@ class Engine(EngineState):
             self._fail(record, event, str(exc), retry=False)
             return
         row = self._row(record, event, Status.RUNNING, record.step + 1, metrics)
-        source = self.answers.answering.get(record.trial_id)
+        source = self.answers.answering.get(record.trial_id) if self.answers.enabled else None
         status, decision = self.advance(record, metrics, record.step + 1)
         exploit = isinstance(decision, Exploit) and status == Status.RUNNING
         row["status"], row["donor_id"] = status, decision.donor_id if exploit else None

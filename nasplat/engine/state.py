@@ -111,7 +111,8 @@ class EngineState:
         """Hand a step's metrics to the controller and apply its decision to the record (no executor involved:
         resuming replays recorded rows through here). Returns the trial's new status and the decision."""
         record.step, record.metrics = step, metrics
-        self.answers.observe(record.trial_id, step, metrics)
+        if self.answers.enabled:
+            self.answers.observe(record.trial_id, step, metrics)
         result = Result(metrics, step)
         decision = self.controller.on_result(record.trial_id, result)
         done = step - record.behind >= self.budget.max_steps or metrics.get("done") is True
@@ -133,7 +134,8 @@ class EngineState:
         """The trial ended: tell the controller."""
         record.status = status
         self.active.discard(record.trial_id)
-        self.answers.ended(record.trial_id, record.config, status == Status.COMPLETED)
+        if self.answers.enabled:
+            self.answers.ended(record.trial_id, record.config, status == Status.COMPLETED)
         if status == Status.FAILED:
             record.error = result.error
             self.failed_errors.append((record.trial_id, result.error or "failed"))

@@ -41,11 +41,11 @@ class SimulatedExecutor(LocalExecutor):
     def now(self) -> float:
         return self.clock
 
-    def _settle(self, trial_id: int) -> None:
+    def _keep_state_before_step(self, trial_id: int) -> None:
         """Keep the trial's state as it is before the step about to run (trainers without `state_dict` have none
         that can be read)."""
         host = self.hosts.get(trial_id)
-        if host is None or host.trainer is None or trial_id in self.failed_setup:
+        if host is None or host.trainer is None or self.setup_failed(trial_id):
             return
         try:
             self.settled[trial_id] = host.copy()
@@ -64,8 +64,9 @@ class SimulatedExecutor(LocalExecutor):
         if keep_state and settled is not None:
             self.kept[trial_id] = settled
 
-    def _enqueue(self, trial_id: int) -> None:
-        self._settle(trial_id)
+    def _queue_step(self, trial_id: int) -> None:
+        """Run the step now; its event waits in the heap until the clock reaches its end."""
+        self._keep_state_before_step(trial_id)
         event = self.run_step(trial_id)
         cost = 0.0
         if event.metrics is not None:
@@ -81,7 +82,7 @@ class SimulatedExecutor(LocalExecutor):
         self._push(cost, StepEvent(trial_id, event.metrics, event.error, self.clock, 0.0, event.node, event.pid,
                                    event.saved))
 
-    def _report_saves(self, trial_id: int) -> None:
+    def _queue_saves(self, trial_id: int) -> None:
         self._push(0.0, StepEvent(trial_id, None, None, self.clock, 0.0, self.node, self.pid,
                                   self._saved(trial_id, wait=True)))
 

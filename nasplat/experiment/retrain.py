@@ -17,7 +17,7 @@ from nasplat.core.checks import check_int
 from nasplat.engine.result import ExperimentResult
 from nasplat.experiment.run import run
 from nasplat.storage import read_spec
-from nasplat.trainer import resolve
+from nasplat.trainer import Trainer, resolve
 
 MAX_STEPS = 10_000  # the retrain ends when its trainer reports `done` (its own `epochs`)
 
@@ -44,7 +44,7 @@ def retrain_trainer(folder: Path, trainer: Any = None) -> Any:
     """The standalone trainer: `trainer` (a class or dotted path), else the search trainer's `RETRAIN_TRAINER`."""
     if trainer is None:
         searched = resolve(read_spec(folder).get("trainer"), what="the experiment's trainer")
-        trainer = getattr(searched, "RETRAIN_TRAINER", None)
+        trainer = searched.RETRAIN_TRAINER if isinstance(searched, type) and issubclass(searched, Trainer) else None
         if trainer is None:
             raise ValueError(f"{folder}: its trainer {getattr(searched, '__name__', searched)!r} names no standalone "
                              "trainer (RETRAIN_TRAINER): give one with --trainer module:Class")
