@@ -45,7 +45,7 @@ class SimulatedExecutor(LocalExecutor):
         """Keep the trial's state as it is before the step about to run (trainers without `state_dict` have none
         that can be read)."""
         host = self.hosts.get(trial_id)
-        if host is None or host.trainer is None or self.setup_failed(trial_id):
+        if host is None or host.trainer is None or trial_id in self.failed_setup:
             return
         try:
             self.settled[trial_id] = host.copy()
