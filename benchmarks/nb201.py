@@ -21,7 +21,7 @@ import numpy as np
 
 import nasplat
 from search_spaces.nb201 import space_for
-from trainers.nb201_table import NB201Table, best_possible
+from trainers.nb201_table import NB201Protocol, best_possible
 
 PUBLISHED = {"cifar10": {"rea": (93.92, 0.30), "reinforce": (93.85, 0.37), "random": (93.70, 0.36)}}
 CONTROLLERS = {
@@ -40,7 +40,7 @@ def search(dataset: str, algorithm: str, seed: int, budget_s: float) -> tuple[fl
     """One seeded search: the 200-epoch test accuracy of the cell with the best validation accuracy, and the
     number of evaluations made."""
     name, options = CONTROLLERS[algorithm]
-    result = nasplat.run(trainer=NB201Table, space=space_for(dataset), controller=name, controller_options=options,
+    result = nasplat.run(trainer=NB201Protocol, space=space_for(dataset), controller=name, controller_options=options,
                          metric="valid_acc", executor="simulated", time_budget_s=budget_s, seed=seed)
     return float(result.best["test_acc"]), len(result.dataframe())
 

@@ -25,7 +25,7 @@ import nasplat
 from nasplat.controllers import OptunaSampler
 from nasplat.core import pareto
 from search_spaces.nb201 import EDGES, OPS, space_for
-from trainers.nb201_table import NB201Table, cell_code, load_table
+from trainers.nb201_table import NB201Protocol, cell_code, load_table
 
 METRICS, MODES = ["valid_acc", "params_mb"], ["max", "min"]
 REFERENCE = (80.0, 1.6)  # (200-epoch test accuracy %, parameters in millions): worse than every front member
@@ -45,7 +45,7 @@ def score(members: list[dict[str, float]]) -> float:
 def nasplat_front(controller: str | OptunaSampler, seed: int, budget_s: float,
                   options: dict[str, int] | None = None) -> list[dict[str, float]]:
     """One seeded nasplat search on the simulated executor; its final front's rows."""
-    result = nasplat.run(trainer=NB201Table, space=space_for("cifar10"), controller=controller, metric=METRICS,
+    result = nasplat.run(trainer=NB201Protocol, space=space_for("cifar10"), controller=controller, metric=METRICS,
                          mode=MODES, controller_options=options, executor="simulated", time_budget_s=budget_s,
                          seed=seed)
     return result.pareto_front()

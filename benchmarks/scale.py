@@ -27,7 +27,7 @@ import numpy as np
 
 import nasplat
 from search_spaces.nb201 import space_for
-from trainers.nb201_table import NB201Table, best_possible, load_table
+from trainers.nb201_table import NB201Protocol, best_possible, load_table
 
 EVOLUTION = {"population_size": 10, "sample_size": 3}
 
@@ -36,7 +36,7 @@ def search(workers: int, seed: int, budget_s: float, dataset: str) -> tuple[floa
     """One seeded search: (test accuracy of the best-validation cell, evaluations, wall seconds, simulated
     seconds until that cell's validation accuracy was first reported)."""
     started = time.perf_counter()
-    result = nasplat.run(trainer=NB201Table, space=space_for(dataset), controller="evolution",
+    result = nasplat.run(trainer=NB201Protocol, space=space_for(dataset), controller="evolution",
                          controller_options=EVOLUTION, metric="valid_acc", executor="simulated",
                          concurrency=workers, time_budget_s=budget_s, seed=seed)
     wall = time.perf_counter() - started

@@ -14,7 +14,7 @@ from __future__ import annotations
 import importlib
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from nasplat.space import Config
 
@@ -81,6 +81,16 @@ class Trainer(ABC):
 
     config: Config
     ctx: WorkerContext
+
+    RETRAIN_TRAINER: ClassVar[str | None] = None
+    """The standalone trainer (a dotted path `module:Class`) that `nasplat retrain` trains a chosen architecture
+    with from scratch (a search trainer's path, a supernet's cell); None: `nasplat retrain` needs `--trainer`."""
+    deterministic: ClassVar[bool] = False
+    """Whether a trial's reports are a function of its config alone (not of its seed, its process, or anything
+    else): a path judged by shared weights, a table lookup, a zero-cost proxy at a fixed init. Then a new trial
+    whose config equals that of a trial already completed in this experiment (same `max_steps`) is answered from
+    that trial's rows instead of run again: its rows are recorded with `cached_from: <that trial's id>` and cost
+    no executor time (see `nasplat.engine.answers`)."""
 
     @abstractmethod
     def setup(self, config: Config, ctx: WorkerContext) -> None:

@@ -15,7 +15,7 @@ import torch
 
 import nasplat
 from search_spaces.nb201 import EDGES, OPS, build_network, from_arch_str, space, space_for, to_arch_str
-from trainers.nb201_table import NB201Table, best_possible, cell_code, load_table
+from trainers.nb201_table import NB201Protocol, NB201Table, best_possible, cell_code, load_table
 
 ARCH = "|nor_conv_3x3~0|+|nor_conv_3x3~0|avg_pool_3x3~1|+|skip_connect~0|nor_conv_3x3~1|skip_connect~2|"
 
@@ -69,7 +69,7 @@ def test_network_builder_runs_every_operation_and_zero_cells_cut_the_path():
 
 def test_simulated_evolution_beats_random_on_the_table(shared_data):
     def search(controller: str, options: dict, seed: int) -> float:
-        result = nasplat.run(trainer=NB201Table, space=space_for("cifar10"), controller=controller,
+        result = nasplat.run(trainer=NB201Protocol, space=space_for("cifar10"), controller=controller,
                              controller_options=options, metric="valid_acc", executor="simulated",
                              time_budget_s=12_000, seed=seed)
         return result.best["test_acc"]

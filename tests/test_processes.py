@@ -191,7 +191,7 @@ def test_an_exploit_waits_for_the_snapshot_its_donors_busy_worker_has_yet_to_tak
     try:
         for trial_id, config in enumerate(({"x": 0.0}, {"x": 1.0}, {"x": 2.0, "hold": True})):
             executor.launch(trial_id, config, seed=trial_id)  # trials 0 and 2 share a worker; 1 has the other
-        assert executor.where[0] is executor.where[2] is not executor.where[1]
+        assert executor.trials[0].worker is executor.trials[2].worker is not executor.trials[1].worker
         assert _counts(executor, 3) == {0: 1, 1: 1, 2: 1}
         executor.step(0, snapshot=True)  # a snapshot at t=1, then t=2
         assert _counts(executor, 1) == {0: 2}
@@ -256,3 +256,44 @@ def test_a_worker_with_nothing_to_run_takes_over_a_trial_waiting_on_another():
     def key(rows: list[dict[str, Any]]) -> list[tuple[int, int, float, int]]:
         return sorted((r["trial_id"], r["step"], r["score"], r["t"]) for r in rows)
     assert key(moved) == key(here) and len(here) == 42  # its state came along: nothing lost, nothing repeated
+
+
+NO_TORCH = """
+import json
+import sys
+import nasplat
+from nasplat import Float, Trainer
+
+class Plain(Trainer):
+    def setup(self, config, ctx):
+        self.x = config["x"]
+    def step(self):
+        return {"score": self.x, "torch": "torch" in sys.modules}
+    def state_dict(self):
+        return {"x": self.x}
+    def load_state_dict(self, state):
+        self.x = state["x"]
+
+checkpoint = {"every": 1} if sys.argv[2] == "checkpoints" else None
+result = nasplat.run(trainer=Plain, space={"x": Float(0.0, 1.0)}, metric="score", executor="processes",
+                     concurrency=2, max_trials=4, storage=sys.argv[1], name=sys.argv[2], checkpoint=checkpoint)
+print(json.dumps({"steps": sorted({row["torch"] for row in result.rows}), "driver": "torch" in sys.modules,
+                  "rows": len(result.rows)}))
+"""
+
+
+@pytest.mark.parametrize("checkpoints", [False, True])
+def test_a_worker_imports_torch_only_to_write_a_checkpoint(tmp_path: Any, checkpoints: bool) -> None:
+    """A search that writes no checkpoint never imports torch in its workers (seconds per worker); one that does
+    writes them with it."""
+    import json
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", NO_TORCH, str(tmp_path), "checkpoints" if checkpoints else "none"],
+                         capture_output=True, text=True, check=True, env={**os.environ, "NASPLAT_TENSORBOARD": "0"})
+    seen = json.loads(out.stdout.strip().splitlines()[-1])
+    assert seen["rows"] == 4 and seen["driver"] is False
+    assert seen["steps"] == ([False, True] if checkpoints else [False]), out.stdout  # a worker's later trials: True
+    written = list((tmp_path / ("checkpoints" if checkpoints else "none")).glob("checkpoints/trial-*/step-*"))
+    assert len(written) == (4 if checkpoints else 0)

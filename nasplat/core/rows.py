@@ -5,7 +5,7 @@ from __future__ import annotations
 from enum import Enum
 
 RESERVED = ("trial_id", "step", "attempt", "status", "config", "parent_id", "donor_id", "start", "end", "node", "pid",
-            "error", "checkpoint", "rung")
+            "error", "checkpoint", "rung", "cached_from")
 """Row keys that bookkeeping owns; a trainer's metric of the same name is refused."""
 
 

@@ -8,6 +8,7 @@ the engine knows and decides without an executor is `nasplat.engine.state.Engine
 from __future__ import annotations
 
 import sys
+from collections import deque
 from typing import Any
 
 import numpy as np
@@ -18,10 +19,11 @@ from nasplat.core.rows import Status
 from nasplat.engine import console
 from nasplat.engine.checkpoints import CheckpointBook
 from nasplat.engine.listener import notify
-from nasplat.engine.records import Budget, ExperimentFailed, TrialRecord, check_step_timeout
+from nasplat.engine.records import Budget, ExperimentFailed, TrialRecord
 from nasplat.engine.result import ExperimentResult
 from nasplat.engine.state import EngineState
 from nasplat.engine.step_metrics import MetricError, clean_metrics
+from nasplat.executors import check_step_timeout
 from nasplat.executors.base import Executor, StepEvent
 from nasplat.storage import ExperimentFolder
 from nasplat.storage.checkpoints import Checkpoint, CheckpointPolicy
@@ -40,8 +42,10 @@ class Engine(EngineState):
         if checkpoint is not None and folder is None:
             raise ValueError("checkpoints need `storage`: set `storage` or drop `checkpoint`")
         check_step_timeout(executor, budget.step_timeout_s)
-        super().__init__(controller, budget, max_failed_trials=max_failed_trials, folder=folder)
+        super().__init__(controller, budget, max_failed_trials=max_failed_trials, folder=folder,
+                         deterministic=trainer.deterministic)
         self.executor, self.trainer = executor, trainer
+        self.answered: deque[StepEvent] = deque()  # steps answered from the record (`answers`), to be handled
         self.name, self.seed, self.max_failures = name, seed, max_failures
         self.policy, self.progress = checkpoint, progress
         self.book = CheckpointBook(checkpoint, self.home)  # which checkpoints go, and when
@@ -82,7 +86,13 @@ class Engine(EngineState):
                 if timeout is not None and timeout <= 0:
                     self._leave_running(after_deadline=True)
                     continue
-                for event in self.executor.wait() if timeout is None else self.executor.wait(timeout=timeout):
+                if self.answered:
+                    events = [self.answered.popleft()]
+                elif timeout is None:
+                    events = self.executor.wait()
+                else:
+                    events = self.executor.wait(timeout=timeout)
+                for event in events:
                     self._handle(event)
                 if self.folder is not None and self.folder.sync():
                     self.book.delete_superseded()
@@ -106,8 +116,10 @@ class Engine(EngineState):
         """Stop every running trial on the executor (a step in flight is abandoned) and leave it running in the
         record: `nasplat resume` may continue it."""
         stopped = sorted(self.active)
+        self.answered.clear()
         for trial_id in stopped:
-            self.executor.stop(trial_id)
+            if trial_id not in self.answers.answering:
+                self.executor.stop(trial_id)
             self.active.discard(trial_id)
         if after_deadline:
             print(f"[nasplat {self.name}] time budget of {self.budget.time_s:g} s spent and its grace of "
@@ -178,11 +190,30 @@ class Engine(EngineState):
             state, record.step = durable, durable.step
         elif memory is not None:
             state, record.step = memory
+        elif record.inherit is None and self.answers.enabled and self._answer(record):
+            return
         else:
             record.step = 0
             state, inherit = record.inherit, record.inherit is not None
         trial_seed = int(np.random.SeedSequence([self.seed, record.trial_id, record.attempt]).generate_state(1)[0])
         self.executor.launch(record.trial_id, record.config, trial_seed, state, inherit=inherit)
+
+    def _answer(self, record: TrialRecord) -> bool:
+        """Answer the trial's next step from the record (`nasplat.engine.answers`), if a completed trial of an
+        equal config can: a new trial from its first step, one already answered (then paused) from where it
+        stands. False where it must run on the executor."""
+        answering = record.trial_id in self.answers.answering
+        if self.answers.source(record.trial_id, record.config) is None:
+            return False
+        step = record.step + 1 if answering else 1
+        metrics = self.answers.metrics(record.trial_id, step)
+        if metrics is None:  # its source recorded no such step: it runs (from the start)
+            self.answers.answering.pop(record.trial_id, None)
+            return False
+        record.step = step - 1
+        now = self.executor.now()
+        self.answered.append(StepEvent(record.trial_id, metrics, None, now, now))
+        return True
 
     # -- results ---------------------------------------------------------------------------------
     def _handle(self, event: StepEvent) -> None:
@@ -201,11 +232,15 @@ class Engine(EngineState):
             self._fail(record, event, str(exc), retry=False)
             return
         row = self._row(record, event, Status.RUNNING, record.step + 1, metrics)
+        source = self.answers.answering.get(record.trial_id) if self.answers.enabled else None
         status, decision = self.advance(record, metrics, record.step + 1)
         exploit = isinstance(decision, Exploit) and status == Status.RUNNING
         row["status"], row["donor_id"] = status, decision.donor_id if exploit else None
         if (rung := self.controller.rung_of(record.trial_id)) is not None:
             row["rung"] = rung
+        if source is not None:
+            self._record_answer(record, row, status, source, exploit)
+            return
         perturbation = status == Status.RUNNING and self.controller.snapshot_due(record.trial_id, record.step)
         save = record.step if self.policy is not None and self.policy.due(
             record.step, perturbation=perturbation, ending=status != Status.RUNNING) else None
@@ -224,6 +259,19 @@ class Engine(EngineState):
         else:
             self.executor.step(record.trial_id, snapshot=perturbation, save=save)
 
+    def _record_answer(self, record: TrialRecord, row: dict[str, Any], status: Status, source: int,
+                       exploit: bool) -> None:
+        """Record a step answered from trial `source`'s rows and go on: the next step answered likewise; nothing
+        to checkpoint or stop on the executor (a paused one is answered on from where it stands when promoted)."""
+        if exploit:  # `answers` is off for searches that exploit (`min_concurrency > 1`)
+            raise RuntimeError(f"trial {record.trial_id}, answered from the record, was told to exploit")
+        row["cached_from"] = source
+        self.outbox.row(row)
+        if status == Status.RUNNING:
+            self._answer(record)
+        elif status != Status.PAUSED:
+            self._release(record, None, hosted=False)
+
     def _fail(self, record: TrialRecord, event: StepEvent, error: str, *, retry: bool) -> None:
         self.outbox.forget(record.trial_id)  # its attempt's unfinished checkpoints will never be reported
         if retry and record.attempt < self.max_failures:
@@ -239,10 +287,13 @@ class Engine(EngineState):
         self.end(record, Status.FAILED, Result({}, record.step + 1, failed=True, error=error))
         self._release(record, None)
 
-    def _release(self, record: TrialRecord, save: int | None) -> None:
-        """Stop an ended trial on the executor, keeping its state where the controller may want it as a parent."""
+    def _release(self, record: TrialRecord, save: int | None, *, hosted: bool = True) -> None:
+        """Stop an ended trial on the executor (where it is `hosted`), keeping its state where the controller may
+        want it as a parent."""
         parents = self.controller.parents()
-        self.executor.stop(record.trial_id, keep_state=parents is not None and record.trial_id in parents, save=save)
+        if hosted:
+            self.executor.stop(record.trial_id, keep_state=parents is not None and record.trial_id in parents,
+                               save=save)
         if parents is not None:
             self.executor.drop_states(parents | {t for t, r in self.trials.items() if r.status == Status.PAUSED})
 

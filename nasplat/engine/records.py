@@ -1,5 +1,4 @@
-"""The engine's records: one trial's state, the search budget (and the executors that can time a step), and the
-error that ends a failing experiment."""
+"""The engine's records: one trial's state, the search budget, and the error that ends a failing experiment."""
 
 from __future__ import annotations
 
@@ -8,8 +7,6 @@ from typing import Any
 
 from nasplat.core.checks import check_int, check_real
 from nasplat.core.rows import Status
-from nasplat.executors import EXECUTORS
-from nasplat.executors.base import Executor
 from nasplat.space import Config
 from nasplat.storage.checkpoints import Checkpoint
 
@@ -62,22 +59,6 @@ class Budget:
         if self.time_s is None:
             return None
         return self.step_timeout_s if self.step_timeout_s is not None else max(MIN_GRACE_S, 0.1 * self.time_s)
-
-
-def check_step_timeout(executor: Executor, step_timeout_s: float | None) -> None:
-    """Refuse `step_timeout_s` on an executor that cannot enforce it, in one line naming it and those that can."""
-    if step_timeout_s is None or executor.supports_step_timeout:
-        return
-    name = EXECUTORS.name_of(executor) or type(executor).__name__
-    able = []
-    for other in EXECUTORS:
-        try:
-            if EXECUTORS[other].supports_step_timeout:
-                able.append(other)
-        except ImportError:  # an executor whose package is missing (Ray) is left out
-            continue
-    raise ValueError(f"`step_timeout_s` needs an executor that can stop a running step, one of {able}; executor "
-                     f"{name!r} cannot, got step_timeout_s={step_timeout_s!r} (drop it, or change the executor)")
 
 
 class ExperimentFailed(RuntimeError):

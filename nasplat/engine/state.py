@@ -15,6 +15,7 @@ from nasplat.controllers.base import Decision, Exploit, Pause, Result, Searcher,
 from nasplat.core.checks import is_real
 from nasplat.core.pareto import better
 from nasplat.core.rows import Status
+from nasplat.engine.answers import RecordedAnswers
 from nasplat.engine.console import last_line
 from nasplat.engine.outbox import Outbox
 from nasplat.engine.records import Budget, TrialRecord
@@ -25,11 +26,13 @@ from nasplat.storage.checkpoints import Checkpoint, checkpoint_locations, locate
 
 class EngineState:
     """The trials `controller` proposed under `budget`, and what was recorded of them (through `outbox`, into
-    `folder` where there is one)."""
+    `folder` where there is one). With `deterministic` (the trainer's `Trainer.deterministic`), a trial whose config
+    completed before is answered from the record (`answers`, `nasplat.engine.answers`)."""
 
     def __init__(self, controller: Searcher, budget: Budget, *, max_failed_trials: int | None,
-                 folder: ExperimentFolder | None) -> None:
+                 folder: ExperimentFolder | None, deterministic: bool = False) -> None:
         self.controller, self.budget, self.folder = controller, budget, folder
+        self.answers = RecordedAnswers(deterministic and controller.min_concurrency == 1)
         self.max_failed_trials = max_failed_trials
         # every step must report these as finite real numbers: the objectives and the metrics constraints bound
         self.objectives: tuple[str, ...] = tuple(dict.fromkeys(
@@ -108,6 +111,8 @@ class EngineState:
         """Hand a step's metrics to the controller and apply its decision to the record (no executor involved:
         resuming replays recorded rows through here). Returns the trial's new status and the decision."""
         record.step, record.metrics = step, metrics
+        if self.answers.enabled:
+            self.answers.observe(record.trial_id, step, metrics)
         result = Result(metrics, step)
         decision = self.controller.on_result(record.trial_id, result)
         done = step - record.behind >= self.budget.max_steps or metrics.get("done") is True
@@ -129,6 +134,8 @@ class EngineState:
         """The trial ended: tell the controller."""
         record.status = status
         self.active.discard(record.trial_id)
+        if self.answers.enabled:
+            self.answers.ended(record.trial_id, record.config, status == Status.COMPLETED)
         if status == Status.FAILED:
             record.error = result.error
             self.failed_errors.append((record.trial_id, result.error or "failed"))
@@ -162,7 +169,11 @@ class EngineState:
     def replayed(self, row: dict[str, Any]) -> None:
         """Take `row`, read back from the folder, as recorded: the best so far, and the checkpoint it names (if any) as
         its trial's latest, inside this folder (`checkpoint_locations`; a running trial's is looked up by
-        `rewind_running`). It is not written again, and no listener is told."""
+        `rewind_running`), and the trial it was answered from (`cached_from`) for a trial not ended. It is not
+        written again, and no listener is told."""
+        if row.get("cached_from") is not None and self.trials[row["trial_id"]].status in (Status.RUNNING,
+                                                                                           Status.PAUSED):
+            self.answers.answered_from(row["trial_id"], row["cached_from"])
         if row.get("checkpoint"):
             uri = checkpoint_locations(self.home, row["checkpoint"])[0]
             self.trials[row["trial_id"]].checkpoint = Checkpoint(row["trial_id"], row["step"], uri)

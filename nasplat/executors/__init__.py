@@ -26,4 +26,21 @@ EXECUTORS: Registry[type[Executor]] = Registry("executor", {
 # The executor of an experiment that names none, from YAML and from Python alike.
 DEFAULT_EXECUTOR = "local"
 
-__all__ = ["DEFAULT_EXECUTOR", "EXECUTORS"]
+
+def check_step_timeout(executor: Executor, step_timeout_s: float | None) -> None:
+    """Refuse `step_timeout_s` on an executor that cannot enforce it, in one line naming it and those that can."""
+    if step_timeout_s is None or executor.supports_step_timeout:
+        return
+    name = EXECUTORS.name_of(executor) or type(executor).__name__
+    able = []
+    for other in EXECUTORS:
+        try:
+            if EXECUTORS[other].supports_step_timeout:
+                able.append(other)
+        except ImportError:  # an executor whose package is missing (Ray) is left out
+            continue
+    raise ValueError(f"`step_timeout_s` needs an executor that can stop a running step, one of {able}; executor "
+                     f"{name!r} cannot, got step_timeout_s={step_timeout_s!r} (drop it, or change the executor)")
+
+
+__all__ = ["DEFAULT_EXECUTOR", "EXECUTORS", "check_step_timeout"]

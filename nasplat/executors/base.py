@@ -30,7 +30,12 @@ class Executor(ABC):
     """Runs trials of one trainer class; `concurrency` trials at once; reports steps as they finish."""
 
     concurrency: int
-    kept: dict[int, Any]  # trial id -> final state handle (see `stop`)
+    kept: dict[int, Any]
+    """Trial id -> the final state handle `stop(keep_state=True)` kept (only states: a state still on its way is
+    not in it); read through `kept_state`, `take_kept`, `drop_states`."""
+    gangs_started: int = 0
+    """How many gangs (groups of Ray actors hosting a trial) the executor has started; 0 on executors without
+    gangs. The Ray dashboard gauge `nasplat_gangs_started` shows it."""
     ray_dashboard: bool = False
     """Whether the run's progress is mirrored into Ray dashboard gauges: the executor runs on Ray."""
     supports_step_timeout: ClassVar[bool] = False

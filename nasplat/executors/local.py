@@ -19,31 +19,41 @@ from nasplat.storage import Storage
 from nasplat.storage.checkpoints import Checkpoint, CheckpointWriter
 from nasplat.trainer import WorkerContext
 
+STEP, SAVES = "step", "saves"  # what a queued item is: a trial's step to run, an ended trial's saves to report
+
 
 class LocalExecutor(Executor):
     """Runs trials in this process, one step at a time, interleaving up to `concurrency` trials. Checkpoints are
     written by one writer thread while the next steps run. A step runs in this thread and cannot be interrupted:
-    `step_timeout_s` is not supported (use `processes` or `ray`)."""
+    `step_timeout_s` is not supported (use `processes` or `ray`).
+
+    Besides the `Executor` calls, it offers the `processes` workers (`nasplat.executors.processes.worker`) and
+    `simulated` what they need of it: `next_step`, `build`, `withdraw`, `fail_next_step`, `setup_failed`,
+    `movable`, `copy_state`, `take_snapshot`; `t0` (a clock start shared with a driver) is given at construction.
+    Its queue holds the trials' next steps and the ended trials' saves to report, in the order `wait` takes them;
+    a subclass changes what queueing means by overriding `_queue_step` and `_queue_saves` (`simulated` runs the
+    step at once on its clock)."""
 
     background_writes = True
 
-    def __init__(self, concurrency: int = 1) -> None:
+    def __init__(self, concurrency: int = 1, *, t0: float | None = None) -> None:
         check_int("concurrency", concurrency, minimum=1)
         self.concurrency = concurrency
         self.hosts: dict[int, TrialHost] = {}
         self.snapshots: dict[int, Any] = {}  # trial id -> the copy `step(snapshot=True)` took
         self.kept: dict[int, Any] = {}
-        self.queue: deque[tuple[str, int]] = deque()  # ("step" | "saves", trial id)
-        self.failed_setup: dict[int, str] = {}
+        self._queue: deque[tuple[str, int]] = deque()  # (STEP | SAVES, trial id), in the order `wait` takes them
+        self.failed_setup: dict[int, str] = {}  # trial id -> the error its next step reports instead of running
         self.saves = SaveTracker()  # saves requested and not yet reported
         self.writer: CheckpointWriter | None = None
         self.node, self.pid = socket.gethostname(), os.getpid()
+        self._t0 = t0
 
     def open(self, trainer: type, experiment: str, checkpoints: Storage | None = None) -> None:
         self.trainer_cls, self.experiment = trainer, experiment
         if checkpoints is not None:
             self.writer = CheckpointWriter(checkpoints, background=self.background_writes)
-        self.t0 = time.perf_counter()
+        self.t0 = time.perf_counter() if self._t0 is None else self._t0
 
     def now(self) -> float:
         return time.perf_counter() - self.t0
@@ -54,13 +64,18 @@ class LocalExecutor(Executor):
         self.hosts, self.snapshots = {}, {}
 
     def launch(self, trial_id: int, config: Config, seed: int, state: Any = None, inherit: bool = False) -> None:
+        self.build(trial_id, config, seed, state, inherit)
+        self.step(trial_id)
+
+    def build(self, trial_id: int, config: Config, seed: int, state: Any = None, inherit: bool = False) -> None:
+        """Host the trial (a fresh trainer, set up, loaded from `state`) without queueing a step: `launch` without
+        its first step. A setup that fails is reported by the trial's next step."""
         host = self.hosts[trial_id] = TrialHost(self.trainer_cls, self.writer)
         self.snapshots.pop(trial_id, None)
         try:
             host.build(trial_id, config, WorkerContext(trial_id=trial_id, seed=seed), state, inherit)
         except Exception:
             self.failed_setup[trial_id] = traceback.format_exc()
-        self.step(trial_id)
 
     def step(self, trial_id: int, snapshot: bool = False, save: int | None = None) -> None:
         host = self.hosts[trial_id]
@@ -72,10 +87,11 @@ class LocalExecutor(Executor):
                 self.failed_setup[trial_id] = traceback.format_exc()
         if save is not None:
             self._save(host, save)
-        self._enqueue(trial_id)
+        self._queue_step(trial_id)
 
-    def _enqueue(self, trial_id: int) -> None:
-        self.queue.append(("step", trial_id))
+    def _queue_step(self, trial_id: int) -> None:
+        """The trial's next step is asked for: `wait` runs it in turn."""
+        self._queue.append((STEP, trial_id))
 
     def _save(self, host: TrialHost, step: int) -> None:
         if self.writer is None:
@@ -106,7 +122,7 @@ class LocalExecutor(Executor):
         self.snapshots.pop(trial_id, None)
         if save is not None:
             self._save(host, save)
-        self._enqueue(trial_id)
+        self._queue_step(trial_id)
 
     def donor_state(self, donor_id: int, fallback: Checkpoint | None) -> Any:
         """A donor's current state: of its trainer, else kept from its end, else its durable `fallback`."""
@@ -126,11 +142,58 @@ class LocalExecutor(Executor):
         if save is not None:
             self._save(host, save)
         if self.saves.owes(trial_id):
-            self._report_saves(trial_id)
+            self._queue_saves(trial_id)
 
-    def _report_saves(self, trial_id: int) -> None:
+    def _queue_saves(self, trial_id: int) -> None:
         """Make a later `wait` report the ended trial's outstanding saves."""
-        self.queue.append(("saves", trial_id))
+        self._queue.append((SAVES, trial_id))
+
+    # -- what the `processes` workers and `simulated` ask of the trials hosted here ---------------------------
+    def next_step(self) -> int | None:
+        """The trial whose step the next `wait` runs; None where it reports saves, or where nothing is queued."""
+        if not self._queue:
+            return None
+        kind, trial_id = self._queue[0]
+        return trial_id if kind == STEP else None
+
+    def idle(self) -> bool:
+        """Whether nothing is queued: `wait` has nothing to run or report."""
+        return not self._queue
+
+    def setup_failed(self, trial_id: int) -> bool:
+        """Whether the trial's next step reports an error instead of running (its setup or state copy failed)."""
+        return trial_id in self.failed_setup
+
+    def fail_next_step(self, trial_id: int, error: str) -> None:
+        """Make the trial's next step report `error` instead of running."""
+        self.failed_setup[trial_id] = error
+
+    def take_snapshot(self, trial_id: int) -> Any:
+        """Hand over the copy the trial's latest `step(snapshot=True)` took (None: none was taken) and forget it."""
+        return self.snapshots.pop(trial_id, None)
+
+    def waiting(self) -> list[int]:
+        """The trials whose steps are queued, the one to run last first."""
+        return [trial_id for kind, trial_id in reversed(self._queue) if kind == STEP]
+
+    def movable(self, trial_id: int) -> bool:
+        """Whether the trial could go on elsewhere from a copy of its state: its step is queued, it is set up and
+        owes no save."""
+        host = self.hosts.get(trial_id)
+        return host is not None and host.trainer is not None and not self.setup_failed(trial_id) \
+            and not self.saves.owes(trial_id) and (STEP, trial_id) in self._queue
+
+    def copy_state(self, trial_id: int) -> Any:
+        """A copy of the trial's current state (its trainer's `state_dict`, detached)."""
+        return self.hosts[trial_id].copy()
+
+    def withdraw(self, trial_id: int) -> tuple[Config, int]:
+        """Take the trial's queued step back and stop it here (it goes on elsewhere); its config and seed."""
+        host = self.hosts[trial_id]
+        config, seed = host.config, host.trainer.ctx.seed
+        self._queue.remove((STEP, trial_id))
+        self.stop(trial_id)
+        return config, seed
 
     def _saved(self, trial_id: int, *, wait: bool) -> tuple[Checkpoint, ...]:
         if self.writer is None:
@@ -155,10 +218,10 @@ class LocalExecutor(Executor):
     def wait(self, timeout: float | None = None) -> list[StepEvent]:
         """Run the next queued step (or report an ended trial's saves) and return its event; a step is always
         ready to run here, so `timeout` changes nothing."""
-        if not self.queue:
+        if not self._queue:
             raise RuntimeError("wait() called with no step running")
-        kind, trial_id = self.queue.popleft()
-        if kind == "saves":
+        kind, trial_id = self._queue.popleft()
+        if kind == SAVES:
             now = self.now()
             return [StepEvent(trial_id, None, None, now, now, self.node, self.pid,
                               self._saved(trial_id, wait=True))]

@@ -43,7 +43,7 @@ class SimulatedExecutor(LocalExecutor):
     def now(self) -> float:
         return self.clock
 
-    def _settle(self, trial_id: int) -> None:
+    def _keep_state_before_step(self, trial_id: int) -> None:
         """Keep the trial's state as it is before the step about to run (trainers without `state_dict` have none
         that can be read)."""
         host = self.hosts.get(trial_id)
@@ -66,8 +66,9 @@ class SimulatedExecutor(LocalExecutor):
         if keep_state and settled is not None:
             self.kept[trial_id] = settled
 
-    def _enqueue(self, trial_id: int) -> None:
-        self._settle(trial_id)
+    def _queue_step(self, trial_id: int) -> None:
+        """Run the step now; its event waits in the heap until the clock reaches its end."""
+        self._keep_state_before_step(trial_id)
         event = self.run_step(trial_id)
         cost = 0.0
         if isinstance(event.metrics, dict) and self.cost_key not in event.metrics:  # no trial could run: end now
@@ -87,7 +88,7 @@ class SimulatedExecutor(LocalExecutor):
         self._push(cost, StepEvent(trial_id, event.metrics, event.error, self.clock, 0.0, event.node, event.pid,
                                    event.saved))
 
-    def _report_saves(self, trial_id: int) -> None:
+    def _queue_saves(self, trial_id: int) -> None:
         self._push(0.0, StepEvent(trial_id, None, None, self.clock, 0.0, self.node, self.pid,
                                   self._saved(trial_id, wait=True)))
 

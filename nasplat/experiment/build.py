@@ -10,8 +10,8 @@ from typing import Any
 
 from nasplat.controllers import CONTROLLERS, Controller, check_controller_options
 from nasplat.controllers.base import Searcher
-from nasplat.engine.records import Budget, check_step_timeout
-from nasplat.executors import EXECUTORS
+from nasplat.engine.records import Budget
+from nasplat.executors import EXECUTORS, check_step_timeout
 from nasplat.executors.base import Executor
 from nasplat.experiment.spec import ExperimentSpec
 from nasplat.integrations import make_callbacks

@@ -30,7 +30,7 @@ from nasplat.engine.result import ExperimentResult
 from nasplat.experiment.run import run, storage_location
 from nasplat.oneshot.reference import REFERENCE_KEYS
 from nasplat.storage import ROWS_FILE, is_uri, read_rows, read_spec
-from nasplat.trainer import WorkerContext, resolve, start
+from nasplat.trainer import Trainer, WorkerContext, resolve, start
 
 
 def chosen_architecture(result: ExperimentResult, trial: int | None = None) -> tuple[int, dict[str, Any]]:
@@ -83,7 +83,7 @@ def _standalone(folder: Path, trainer: Any, allow_pickle: bool) -> Any:
     """The standalone trainer as given (a dotted path stays one, so that the retrain's folder is plain JSON)."""
     if trainer is None:
         searched = _searched(folder, allow_pickle)
-        trainer = getattr(searched, "RETRAIN_TRAINER", None)
+        trainer = searched.RETRAIN_TRAINER if isinstance(searched, type) and issubclass(searched, Trainer) else None
         if trainer is None:
             raise ValueError(f"{folder}: its trainer {getattr(searched, '__name__', searched)!r} names no standalone "
                              "trainer (RETRAIN_TRAINER): give one with --trainer module:Class")

@@ -50,7 +50,7 @@ class RayMetrics(Listener):
         if engine.best_row is not None:
             self.best.set(float(engine.best_row[engine.controller.metric]), tags=self.tags)
         self.exploits.set(engine.exploits, tags=self.tags)
-        self.gangs.set(getattr(engine.executor, "gangs_started", 0), tags=self.tags)
+        self.gangs.set(engine.executor.gangs_started, tags=self.tags)
         if self._steps_pending:
             self.steps.inc(self._steps_pending, tags=self.tags)
             self._steps_pending = 0

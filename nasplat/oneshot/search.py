@@ -57,6 +57,7 @@ class PathTrainer(OneShotTrainer):
 
     weights: ClassVar[SharedWeights | None] = None
     supernet_config: ClassVar[Mapping[str, Any]] = {}
+    deterministic = True  # a path's score is its shared weights' (an equal config is answered from the record)
     CONFIG_KEYS = ("bn_batches", "report_test", *REFERENCE_KEYS)
 
     @classmethod
@@ -153,6 +154,7 @@ class ProxyTrainer(OneShotTrainer):
     NASWOT's log det of a singular kernel, as -1e300 or 1e300: ranked last or first, not a failed trial), `params`
     and `proxy_ms`."""
 
+    deterministic = True  # the init is fixed: a path's scores are its own (an equal config is answered from the record)
     CONFIG_KEYS = ("init_seed", "proxies", "proxy_batch")
 
     def setup(self, config: Config, ctx: WorkerContext) -> None:

@@ -143,8 +143,6 @@ def load_checkpoint(uri: str, *, allow_pickle: bool = False) -> Any:
     """The trainer state of the complete checkpoint at `uri` (a path or URI), read as data: tensors, numpy arrays,
     numbers, strings and containers of them (`torch.load(weights_only=True)`), so a crafted checkpoint runs no
     code. A state holding other Python objects is refused in one line (`PickleRefused`) unless `allow_pickle`."""
-    import torch
-
     problem = checkpoint_problem(uri)
     if problem is not None:
         raise FileNotFoundError(f"{uri} is not a complete checkpoint ({problem})")
@@ -262,19 +260,25 @@ class CheckpointWriter:
         self.jobs: deque[tuple[Any, ...]] = deque()  # queued, not started: (trial, step, state, config, release)
         self.writing, self.closed = 0, False
         self.condition = threading.Condition()
-        self.thread: threading.Thread | None = None
-        if background:
-            # torch is imported here, in the caller's thread: two threads importing torch for the first time at
-            # once (this one's torch.save, a TensorBoard writer in the driver) can leave it half-initialised
-            import torch  # noqa: F401
+        self.background = background
+        self.thread: threading.Thread | None = None  # started with the first write: a run that writes none (a
+        # `processes` worker of a search without checkpoints) never imports torch for it
 
-            self.thread = threading.Thread(target=self._run, name="nasplat-checkpoint-writer", daemon=True)
-            self.thread.start()
+    def _start(self) -> None:
+        """Start the writer thread. torch is imported first, in the caller's thread: two threads importing torch for
+        the first time at once (the writer's torch.save, a TensorBoard writer in the driver) can leave it
+        half-initialised."""
+        import torch  # noqa: F401
+
+        self.thread = threading.Thread(target=self._run, name="nasplat-checkpoint-writer", daemon=True)
+        self.thread.start()
 
     def submit(self, trial_id: int, step: int, state: Any, config: Any = None,
                release: Callable[[Any], None] | None = None) -> None:
         """Write `state` (already a copy the caller no longer touches) as trial `trial_id`'s checkpoint of `step`;
         then hand `state` to `release` (its memory may be reused)."""
+        if self.background and self.thread is None and not self.closed:
+            self._start()
         with self.condition:
             if self.thread is None:
                 self.writing += 1

@@ -18,11 +18,13 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from nasplat.executors.local import LocalExecutor
-from nasplat.executors.messages import (
+from nasplat.executors.processes.child import COPY, EXPLOIT, REPLAY, SETUP, STEP, ActivitySlot, detach
+from nasplat.executors.processes.messages import (
     ASKS,
     Adopt,
     Close,
     Crash,
+    End,
     Event,
     ExploitState,
     Give,
@@ -35,9 +37,7 @@ from nasplat.executors.messages import (
     Request,
     Snapshot,
     Step,
-    Stop,
 )
-from nasplat.executors.process_child import COPY, EXPLOIT, REPLAY, SETUP, STEP, ActivitySlot, detach
 from nasplat.storage import Storage
 
 
@@ -59,22 +59,22 @@ def serve(conn: Connection, trainer_cls: type, checkpoints: Storage | None, t0: 
 
     sender = threading.Thread(target=send, name="nasplat-worker-sender", daemon=True)
     sender.start()
-    local = LocalExecutor(1)
+    local = LocalExecutor(1, t0=t0)
     try:
         local.open(trainer_cls, "worker", checkpoints)
-        local.t0 = t0
         setups: dict[int, float] = {}  # trial id -> how long its launch's setup took (its first step's clock)
         while True:
-            while not local.queue or conn.poll():
-                request: Request = pickle.loads(conn.recv_bytes())
-                if isinstance(request, Close):
-                    return
-                begin = local.now()
-                _serve_request(local, request, slot, outgoing.put)
-                if isinstance(request, Launch):
-                    setups[request.trial_id] = local.now() - begin
-            kind, trial_id = local.queue[0]  # the item `wait` runs
-            if kind == "step":  # a launch's setup and first step count as one step (waiting in between does not)
+            while local.idle() or conn.poll():
+                requests: list[Request] = pickle.loads(conn.recv_bytes())  # one write of the driver
+                for request in requests:
+                    if isinstance(request, Close):
+                        return
+                    begin = local.now()
+                    _serve_request(local, request, slot, outgoing.put)
+                    if isinstance(request, Launch):
+                        setups[request.trial_id] = local.now() - begin
+            trial_id = local.next_step()  # the step `wait` runs (None: it reports an ended trial's saves)
+            if trial_id is not None:  # a launch's setup and first step count as one step (waiting in between does not)
                 now = local.now()
                 slot.enter(trial_id, STEP, now - setups.pop(trial_id, 0.0))
             events = local.wait()
@@ -109,7 +109,7 @@ def _serve_request(local: LocalExecutor, request: Request, slot: ActivitySlot, p
     slot.leave()
     then = request.then if isinstance(request, Relaunch) else request
     if isinstance(then, Step) and then.snapshot:  # the driver holds snapshots, as on Ray
-        put(Snapshot(then.trial_id, local.snapshots.pop(then.trial_id, None)))
+        put(Snapshot(then.trial_id, local.take_snapshot(then.trial_id)))
 
 
 def _activity(request: Request) -> int | None:
@@ -118,7 +118,7 @@ def _activity(request: Request) -> int | None:
         return SETUP
     if isinstance(request, Adopt):
         return EXPLOIT
-    if isinstance(request, Keep | ExploitState) or isinstance(request, Step | Stop) and request.save is not None \
+    if isinstance(request, Keep | ExploitState) or isinstance(request, Step | End) and request.save is not None \
             or isinstance(request, Step) and request.snapshot:
         return COPY
     return None
@@ -128,16 +128,15 @@ def _relaunch(local: LocalExecutor, request: Relaunch, slot: ActivitySlot, put: 
     """Build the trial from the driver's state, replay the steps it had made since then (their events dropped, a
     failure kept as the error of its next step), then handle the step it owes."""
     trial_id = request.trial_id
-    local.launch(trial_id, request.config, request.seed, request.state, request.inherit)
-    local.queue.remove(("step", trial_id))  # `launch` queued its step: the replay and `then` decide what runs
-    for index in range(request.replay):
-        if trial_id in local.failed_setup:
+    local.build(trial_id, request.config, request.seed, request.state, request.inherit)
+    for index in range(request.replay):  # the replay and `then` decide what runs
+        if local.setup_failed(trial_id):
             break
         slot.enter(trial_id, REPLAY, local.now())
         event = local.run_step(trial_id)
         if event.error is not None:
-            local.failed_setup[trial_id] = (f"replaying step {index + 1} of {request.replay} to relaunch the trial "
-                                            f"after its worker process died failed:\n{event.error}")
+            local.fail_next_step(trial_id, f"replaying step {index + 1} of {request.replay} to relaunch the trial "
+                                           f"after its worker process died failed:\n{event.error}")
         if event.saved:
             put(Event(replace(event, metrics=None, error=None)))
     if request.then is not None:
@@ -171,7 +170,7 @@ def _handle(local: LocalExecutor, request: Request, slot: ActivitySlot) -> Any:
         local.step(request.trial_id, request.snapshot, request.save)
     elif isinstance(request, Adopt):
         local.adopt(request.trial_id, request.state, request.config, request.save, request.fallback)
-    elif isinstance(request, Stop):
+    elif isinstance(request, End):
         local.stop(request.trial_id, save=request.save)
     elif isinstance(request, ExploitState):
         return local.exploit_state(request.trial_id, request.fallback)
@@ -188,20 +187,16 @@ def _handle(local: LocalExecutor, request: Request, slot: ActivitySlot) -> Any:
 def _give(local: LocalExecutor, candidates: tuple[int, ...], slot: ActivitySlot) -> Given | None:
     """Hand over the candidate whose queued step would run last here (its config, seed and a copy of its state), the
     trial stopped here without its step; None where no candidate waits here with a state that can be copied."""
-    for index in range(len(local.queue) - 1, -1, -1):
-        kind, trial_id = local.queue[index]
-        host = local.hosts.get(trial_id)
-        if kind != "step" or trial_id not in candidates or host is None or host.trainer is None \
-                or trial_id in local.failed_setup or local.saves.owes(trial_id):
+    for trial_id in local.waiting():
+        if trial_id not in candidates or not local.movable(trial_id):
             continue
         slot.enter(trial_id, COPY, local.now())
         try:
-            state = host.copy()
+            state = local.copy_state(trial_id)
         except Exception:  # e.g. a trainer without `state_dict`: it stays
             continue
         finally:
             slot.leave()
-        del local.queue[index]
-        local.stop(trial_id)
-        return Given(trial_id, host.config, host.trainer.ctx.seed, state)
+        config, seed = local.withdraw(trial_id)
+        return Given(trial_id, config, seed, state)
     return None

@@ -1,10 +1,12 @@
 """The messages between the `processes` executor's driver and its workers, pickled over one pipe per worker.
 
-The driver sends a worker the calls on its trials (`Launch`, `Step`, `Adopt`, `Stop`; `Relaunch` for a trial whose
+Each write of the driver is a list of requests, those its calls made since its last write to that worker (one
+write, one wake-up of the worker, for a trial's `End` and the next one's `Launch`). The driver sends a worker the
+calls on its trials (`Launch`, `Step`, `Adopt`, `End`; `Relaunch` for a trial whose
 worker died), the questions it waits on (`ExploitState`, `Keep`, `Give`: the worker answers each with one `Reply`,
 in order) and `Close`. A worker sends back step events (`Event`), the snapshots its steps took (`Snapshot`),
 replies, and `Crash` where its loop broke. What a worker runs at each moment is not a message: it is written in
-shared memory (`nasplat.executors.process_child.ActivitySlot`).
+shared memory (`nasplat.executors.processes.child.ActivitySlot`).
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ class Adopt:
 
 
 @dataclass(frozen=True)
-class Stop:
+class End:
     """End the trial (with `save=k`, checkpointing its final state as step k first)."""
 
     trial_id: int
@@ -69,7 +71,7 @@ class ExploitState:
 
 @dataclass(frozen=True)
 class Keep:
-    """Stop the trial as `Stop` does, and reply with its final state."""
+    """End the trial as `End` does, and reply with its final state."""
 
     trial_id: int
     save: int | None = None
@@ -103,7 +105,7 @@ class Close:
     """End the worker's loop."""
 
 
-Request = Launch | Step | Adopt | Stop | ExploitState | Keep | Give | Relaunch | Close
+Request = Launch | Step | Adopt | End | ExploitState | Keep | Give | Relaunch | Close
 ASKS = (ExploitState, Keep, Give)  # the requests the driver waits on: the worker sends one `Reply` to each
 
 # -- worker to driver ---------------------------------------------------------------------------------------------
