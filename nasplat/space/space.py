@@ -72,7 +72,7 @@ class Choice(Domain):
 
     def index(self, path: str, value: Any) -> int:
         try:
-            i = self._lookup.get(value)
+            i = None if type(value) is dict else self._lookup.get(value)  # a dict is unhashable: no exception raised
         except TypeError:
             i = None
         if i is not None and same_value(self.options[i], value):

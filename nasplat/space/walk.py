@@ -82,7 +82,7 @@ def walk(space: Any, holder: dict[str, Any] | None, prefix: str = "", branches: 
             else:
                 options = enumerate(domain.options)
             for i, option in options:
-                if kind_of(option) == "space":
+                if (_KINDS.get(type(option)) or kind_of(option)) == "space":
                     inside = holder if i == taken else None
                     yield Node(node.path, key, option, inside, "space")
                     yield from walk(option, None if inside is None else inside[key], node.path + ".", branches)
