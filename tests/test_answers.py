@@ -155,7 +155,7 @@ if sys.argv[1] == "run":
     nasplat.run(trainer=Counter, space=SPACE, metric="score", max_trials=16, max_steps=9, seed=3,
                 scheduler={"name": "asha", "type": "promote"}, storage=sys.argv[2], name="exp", checkpoint={"every": 2})
 else:
-    nasplat.resume(Path(sys.argv[2]) / "exp")
+    nasplat.resume(Path(sys.argv[2]) / "exp", allow_pickle=True)  # Counter lives in this script's __main__
 print("ROWS", count[0])
 """
 FIELDS = ("trial_id", "step", "status", "config", "score", "cached_from", "error")

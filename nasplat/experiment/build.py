@@ -63,11 +63,8 @@ class BuiltExperiment:
 def build(spec: ExperimentSpec) -> BuiltExperiment:
     """The experiment `spec` (checked by `ExperimentSpec.check`) made ready to run; nothing is started."""
     trainer = check_trainer(resolve(spec.trainer, what="trainer"))
-    controller = spec.controller
-    if not isinstance(controller, Searcher):
-        cls = CONTROLLERS[controller] if isinstance(controller, str) else controller
-        controller = _new_controller(cls, spec.space, metric=spec.metric, mode=spec.mode, seed=spec.seed,
-                                     options=spec.controller_options, constraints=spec.constraints)
+    controller = make_controller(spec.controller, spec.space, metric=spec.metric, mode=spec.mode, seed=spec.seed,
+                                 options=spec.controller_options, constraints=spec.constraints)
     space = getattr(controller, "space", None)
     if isinstance(space, Space):
         trainer.check_experiment(space, max_steps=spec.max_steps)  # a wrong setup refused before anything runs
@@ -87,7 +84,9 @@ def build(spec: ExperimentSpec) -> BuiltExperiment:
 def make_controller(controller: str | type | Searcher, space: Any, *, metric: str | Sequence[str] | None,
                     mode: str | Sequence[str], seed: int, options: Mapping[str, Any] | None = None,
                     constraints: Any = None) -> Searcher:
-    """A controller from an instance, a class, or a name in `CONTROLLERS` plus keyword options (checked)."""
+    """A controller from an instance (as it is), or from a class or a name in `CONTROLLERS` called on the space (a
+    `Space`, a mapping of domains, or its dotted path) with the metric, mode, seed, constraints and `options`
+    (their names checked)."""
     if isinstance(controller, Searcher):  # a ready controller (or scheduler)
         if options:
             raise ValueError(f"controller options {dict(options)!r} given with a ready controller instance")
@@ -95,13 +94,6 @@ def make_controller(controller: str | type | Searcher, space: Any, *, metric: st
     cls = CONTROLLERS.lookup(controller) if isinstance(controller, str) else controller
     if isinstance(cls, type) and issubclass(cls, Controller):
         options = check_controller_options(cls, options)
-    return _new_controller(cls, space, metric=metric, mode=mode, seed=seed, options=options, constraints=constraints)
-
-
-def _new_controller(cls: Any, space: Any, *, metric: str | Sequence[str] | None, mode: str | Sequence[str],
-                    seed: int, options: Mapping[str, Any] | None, constraints: Any) -> Controller:
-    """`cls` called on the space (a `Space`, a mapping of domains, or its dotted path) with the experiment's
-    metric, mode, seed and constraints and the controller's `options`."""
     if space is None or metric is None:
         raise ValueError(f"`space` and `metric` are needed to build a controller, got space={space!r}, {metric=!r}")
     extra = {"constraints": constraints} if constraints is not None else {}

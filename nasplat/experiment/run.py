@@ -37,48 +37,25 @@ def run(*, trainer: type | str, controller: str | type | Searcher = "random", sp
         controller_options: Mapping[str, Any] | None = None, executor_options: Mapping[str, Any] | None = None,
         callbacks: Sequence[Any] = (), scheduler: str | Mapping[str, Any] | Scheduler | None = None
         ) -> ExperimentResult:
-    """Run a search: `controller` proposes configs of `space`, `executor` trains them with `trainer`.
+    """Run a search: `controller` proposes configs of `space`, `executor` trains them with `trainer`; returns the
+    `ExperimentResult`. Everything is checked, in one line per mistake, before anything is created.
 
-    `concurrency` trials run at once (default: 1 in process, as many as the Ray cluster's CPUs hold on
-    `ray`). Each trial runs up to `max_steps` steps of `trainer` (a PBT member that copied a donor's earlier state
-    trains on until its lineage has trained that many); the search asks for new trials until `max_trials`
-    trials were started and/or `time_budget_s` seconds passed on the executor's clock. A trial that raises is
-    retried `max_failures` times; once more than `max_failed_trials` trials failed (None: no limit) the run stops
-    and raises `ExperimentFailed` with the first errors; a run in which every trial failed (under that limit)
-    returns its result, whose `counts()` say so (`nasplat run` then exits with status 1). Several objectives:
-    `metric=[...]`, `mode=[...]` (one each) and `constraints=["params <= 1.0", ...]`.
-
-    `step_timeout_s` (default None: no limit) is the longest one step of a trial may run (a launch's `setup` and
-    first step count as its first step; time waiting for resources does not); a step that runs longer is killed
-    and fails its attempt ("step timed out after N s"), retried like any failure. Only executors that can stop a
-    running step enforce it (`ray`, `processes`); on others it is refused. `time_budget_s` also bounds the wait
-    for running steps: once it has passed, they get `step_timeout_s` more seconds (unset: 10% of `time_budget_s`,
-    at least 10 s), then the trials still running are stopped and left for `nasplat.resume` to continue (not on
-    `simulated`, whose steps take no wall time).
-
-    With `storage` (a folder, or a URI such as `s3://bucket/prefix` that `pyarrow.fs` opens), every step is appended
-    to `<storage>/<name>/results.jsonl` and the folder is kept so that `nasplat.resume(folder)` finishes a killed
-    run; `checkpoint` (a `CheckpointPolicy`, a mapping of its fields, or True for its defaults) also writes trainer
-    states there, so that resumed and retried trials continue from their latest checkpoint. Each of `callbacks` has
-    `on_row(engine, row)` called with every recorded row (and `on_start(engine)`, `on_end(engine)` if it has them).
-    Everything is checked before the folder is created.
-
-    `scheduler` stops or pauses trials early around the controller: `"asha"`, `"hyperband"`, `"median"`, a mapping
-    `{"name": "asha", "type": "promote", ...}` of a name and its options (`nasplat.schedulers`), or a ready
-    `Scheduler` wrapping `controller`.
-
-    `executor="simulated"` runs every step at once in this process on a simulated clock with
-    `concurrency` virtual workers: each step must report a numeric `time_cost` metric (its simulated
-    seconds; the key is `executor_options={"cost_key": ...}`), finishes that many seconds after it started,
-    and results arrive in order of finishing time, so asynchrony is modelled exactly and deterministically.
-    `time_budget_s` then counts simulated seconds: trials start while the clock is below it, and a trial
-    started just before the end still finishes. This is how tabular and surrogate objectives are searched
-    (NAS-Bench-201 in `benchmarks/nb201.py`; a table of your own in `examples/tabular.py`).
-
-    `executor="local"` (the default, as in experiment files) steps the trials in this process, one at a time; `executor="processes"` in worker processes
-    forked from this one (`executor_options={"processes": n, "threads": k}`; default one per core, the cores'
-    torch threads shared out), which start in milliseconds with what this process has loaded; `executor="ray"` in
-    Ray actors, on this machine or a cluster.
+    - `trainer`, `space`: the `Trainer` class and the space (a `Space`, a dict of domains, or dotted paths to them).
+    - `controller` (a name, a class or an instance) and its `controller_options`; `metric` and `mode` ("max" or
+      "min"), lists of them for several objectives, with `constraints` such as `["params <= 1.0"]` (README,
+      "Several objectives"); `seed` makes the search repeatable.
+    - `executor`: "local" (default, in process), "processes", "ray" or "simulated" (a simulated clock: steps report
+      `time_cost`), or an instance; `executor_options`; `concurrency` trials at once (README, "How it fits together").
+    - Budget: new trials until `max_trials` were started and/or `time_budget_s` passed on the executor's clock; up to
+      `max_steps` steps a trial; `step_timeout_s` per step (`ray`, `processes`); `max_failures` retries a trial;
+      more than `max_failed_trials` failed trials raise `ExperimentFailed` (README, "Budget, step timeouts and runs
+      that cannot succeed").
+    - `scheduler`: "asha", "hyperband", "median", `{"name": ..., options}` or a `Scheduler` (README, "Stop bad trials
+      early").
+    - `storage` (a folder or a `pyarrow.fs` URI) and `name`: where the rows go, for `nasplat.resume`; `checkpoint`: a
+      `CheckpointPolicy`, its fields, or True (README, "Storage, resume and checkpoints").
+    - `callbacks`: listeners with `on_row(engine, row)` (and `on_start`, `on_end`), or their names ("Use the tools
+      you already watch"); `progress` prints a progress line.
     """
     spec = ExperimentSpec(
         trainer=trainer, controller=controller, space=space, metric=metric, mode=mode, constraints=constraints,

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Container, Iterator, Mapping
+from itertools import islice
 from typing import Any
 
 import numpy as np
 
 from nasplat.core.checks import check_real
 from nasplat.space.domains import Domain, Float, Int, check_token, config_key, copy_config, random_index, same_value
+from nasplat.space.walk import DOMAIN_KINDS, walk
 
 Config = dict[str, Any]
 Rule = Callable[[Config], bool]  # True: the config is forbidden
@@ -33,6 +35,8 @@ class ForbiddenConfigError(ValueError):
 
 class Choice(Domain):
     """One of `options`; options that are dicts are sub-spaces (conditional parameters)."""
+
+    node_kind = "choice"  # to `walk`
 
     def __init__(self, options: list[Any]) -> None:
         if not isinstance(options, (list, tuple)) or len(options) == 0:
@@ -68,7 +72,7 @@ class Choice(Domain):
 
     def index(self, path: str, value: Any) -> int:
         try:
-            i = self._lookup.get(value)
+            i = None if type(value) is dict else self._lookup.get(value)  # a dict is unhashable: no exception raised
         except TypeError:
             i = None
         if i is not None and same_value(self.options[i], value):
@@ -154,6 +158,8 @@ class Space:
     predicate returns True is invalid. Rules of a sub-space see the sub-config. `Space(space)` keeps the rules.
     """
 
+    node_kind = "space"  # to `walk`
+
     def __init__(self, domains: Mapping[str, Any], *, forbidden: Mapping[str, Rule] | None = None) -> None:
         rules = dict(forbidden or {})
         if isinstance(domains, Space):
@@ -185,14 +191,11 @@ class Space:
         for name, rule in self.forbidden.items():
             if rule(config):
                 return name
-        for key, domain in self.domains.items():
-            sub: Space | None = domain if isinstance(domain, Space) else None
-            if isinstance(domain, Choice) and isinstance(config[key], Mapping):
-                option = domain.options[domain.index(key, config[key])]
-                sub = option if isinstance(option, Space) else None
-            broken = sub.broken_rule(config[key]) if sub is not None else None
-            if broken is not None:
-                return f"{key}.{broken}"
+        for node in walk(self, config):
+            if node.kind == "space" and node.domain.forbidden:
+                for name, rule in node.domain.forbidden.items():
+                    if rule(node.value):
+                        return f"{node.path}.{name}"
         return None
 
     def allows(self, config: Config) -> bool:
@@ -241,6 +244,18 @@ class Space:
             raise ValueError(f"config{where} is forbidden by the rule {broken!r}: {config!r}")
 
     def _check_domains(self, config: Any, prefix: str) -> None:
+        """Every value allowed by its domain (a branch by its `Choice`), every key known, none missing."""
+        self._check_keys(config, prefix)
+        for node in walk(self, config, prefix, branches="none"):
+            domain, value = node.domain, node.value
+            if node.kind == "space":
+                domain._check_keys(value, node.path + ".")
+            elif node.kind != "constant":
+                domain.check(node.path, value)
+            elif not same_value(domain, value):
+                raise ValueError(f"{node.path!r} is fixed to {domain!r}, got {value!r}")
+
+    def _check_keys(self, config: Any, prefix: str) -> None:
         if not isinstance(config, Mapping):
             raise TypeError(f"config{' ' + repr(prefix[:-1]) if prefix else ''} must be a dict, got {config!r}")
         unknown = {prefix + str(k): config[k] for k in config if k not in self.domains}
@@ -250,14 +265,6 @@ class Space:
                 [f"missing keys {missing!r}"] if missing else [])
             raise ValueError(f"config at {repr(prefix[:-1]) if prefix else 'top level'} has "
                              f"{' and '.join(problems)}; allowed keys: {sorted(self.domains)}")
-        for key, domain in self.domains.items():
-            path, value = prefix + key, config[key]
-            if isinstance(domain, Domain):
-                domain.check(path, value)
-            elif isinstance(domain, Space):
-                domain._check_domains(value, path + ".")
-            elif not same_value(domain, value):
-                raise ValueError(f"{path!r} is fixed to {domain!r}, got {value!r}")
 
     def accepts(self, config: Mapping[str, Any]) -> bool:
         """Whether `validate` passes: every value allowed by its domain, no rule broken."""
@@ -278,22 +285,9 @@ class Space:
     # -- decisions -------------------------------------------------------------------------
     def decisions(self, config: Config, prefix: str = "") -> Iterator[tuple[str, Domain, Any, Config]]:
         """The active decisions in `config`: (path, domain, value, the dict holding it)."""
-        for path, _, domain, value, holder in self._walk(config, prefix):
-            yield path, domain, value, holder
-
-    def _walk(self, config: Config, prefix: str) -> Iterator[tuple[str, str, Domain, Any, Config]]:
-        """Like `decisions`, with the key in the holding dict (paths cannot be split: keys may hold dots)."""
-        for key, domain in self.domains.items():
-            value = config[key]
-            if isinstance(domain, Domain):
-                is_choice = isinstance(domain, Choice)
-                if not is_choice or domain.cardinality > 1:
-                    yield prefix + key, key, domain, value, config
-                if is_choice and isinstance(value, Mapping):
-                    option = domain.options[domain.index(prefix + key, value)]
-                    yield from option._walk(value, prefix + key + ".")
-            elif isinstance(domain, Space):
-                yield from domain._walk(value, prefix + key + ".")
+        for node in walk(self, config, prefix):
+            if node.decides:
+                yield node.path, node.domain, node.value, node.holder
 
     def mutate(self, config: Config, rng: np.random.Generator) -> Config:
         """A copy of `config` with exactly one decision changed (regularized evolution's mutation), allowed by
@@ -302,10 +296,10 @@ class Space:
 
     def _mutate(self, config: Config, rng: np.random.Generator) -> Config:
         child = copy_config(config)
-        options = [d for d in self._walk(child, "") if _changeable(d[2])]
+        options = [node for node in walk(self, child) if node.decides and _changeable(node.domain)]
         if options:
-            _, key, domain, value, holder = options[random_index(rng, len(options))]
-            holder[key] = domain.resample_other(value, rng)
+            node = options[random_index(rng, len(options))]
+            node.holder[node.key] = node.domain.resample_other(node.value, rng)
         return child
 
     def neighbours(self, config: Config, rng: np.random.Generator) -> list[Config]:
@@ -316,11 +310,11 @@ class Space:
         sample newly entered sub-spaces.
         """
         out: list[Config] = []
-        for i, (_, key, domain, value, _) in enumerate(self._walk(config, "")):
-            for new in domain.neighbours(value, rng):
+        for i, node in enumerate(n for n in walk(self, config) if n.decides):
+            for new in node.domain.neighbours(node.value, rng):
                 child = copy_config(config)
-                holder = next(d for j, d in enumerate(self._walk(child, "")) if j == i)[4]
-                holder[key] = new
+                place = next(islice((n for n in walk(self, child) if n.decides), i, None))
+                place.holder[place.key] = new
                 if self.allows(child):
                     out.append(child)
         return out
@@ -336,54 +330,29 @@ class Space:
 
         def draw() -> Config:
             child = copy_config(config)
-            self._perturb(child, rng, resample_probability, "")
+            for node in walk(self, child):
+                if not node.decides:
+                    continue
+                domain, value = node.domain, node.value
+                resample = rng.random() < resample_probability
+                node.holder[node.key] = new = domain.sample(rng) if resample else domain.nudge(value, rng)
+                if new is not value:
+                    node.taken = None  # a fresh value: the walk enters none of its sub-decisions
             return child
         return self._draw_allowed(draw, "perturb")
-
-    def _perturb(self, config: Config, rng: np.random.Generator, resample_probability: float, prefix: str) -> None:
-        for key, domain in self.domains.items():
-            value = config[key]
-            if isinstance(domain, Space):
-                domain._perturb(value, rng, resample_probability, prefix + key + ".")
-            elif isinstance(domain, Domain):
-                if not isinstance(domain, Choice) or domain.cardinality > 1:
-                    resample = rng.random() < resample_probability
-                    config[key] = domain.sample(rng) if resample else domain.nudge(value, rng)
-                    if config[key] is not value:
-                        continue
-                if isinstance(domain, Choice) and isinstance(value, Mapping):
-                    option = domain.options[domain.index(prefix + key, value)]
-                    option._perturb(value, rng, resample_probability, prefix + key + ".")
 
     # -- token encoding (RL controller) ------------------------------------------------------
     def cardinalities(self) -> list[int]:
         """Token count of each position of `encode`'s fixed-length output (all branches, in order)."""
-        out: list[int] = []
-        for domain in self.domains.values():
-            if isinstance(domain, Domain):
-                out.append(domain.cardinality)
-                if isinstance(domain, Choice):
-                    for option in domain.options:
-                        if isinstance(option, Space):
-                            out.extend(option.cardinalities())
-            elif isinstance(domain, Space):
-                out.extend(domain.cardinalities())
-        return out
+        return [node.domain.cardinality for node in walk(self, None, branches="all") if node.kind in DOMAIN_KINDS]
 
     def encode(self, config: Config) -> list[int]:
         """One token per position; positions of branches not taken are 0."""
         tokens: list[int] = []
-        for key, domain in self.domains.items():
-            value = config[key]
-            if isinstance(domain, Domain):
-                taken = domain.encode(value)
-                tokens.append(taken)
-                if isinstance(domain, Choice):
-                    for i, option in enumerate(domain.options):
-                        if isinstance(option, Space):
-                            tokens.extend(option.encode(value) if i == taken else [0] * len(option.cardinalities()))
-            elif isinstance(domain, Space):
-                tokens.extend(domain.encode(value))
+        for node in walk(self, config, branches="all"):
+            if node.kind in DOMAIN_KINDS:  # the walk enters the option of the token (no second look-up)
+                node.taken = token = 0 if node.holder is None else node.domain.encode(node.value)
+                tokens.append(token)
         return tokens
 
     def decode(self, tokens: list[int]) -> Config:
@@ -391,24 +360,17 @@ class Space:
         expected = len(self.cardinalities())
         if len(tokens) != expected:
             raise ValueError(f"decode needs {expected} tokens for this space, got {len(tokens)}: {tokens!r}")
-        return self._decode(iter(tokens))
-
-    def _decode(self, tokens: Iterator[int]) -> Config:
+        left = iter(tokens)
         config: Config = {}
-        for key, domain in self.domains.items():
-            if isinstance(domain, Domain):
-                token = next(tokens)
-                config[key] = domain.decode(token)
-                if isinstance(domain, Choice):
-                    for i, option in enumerate(domain.options):
-                        if isinstance(option, Space):
-                            sub = option._decode(tokens)
-                            if i == token:
-                                config[key] = sub
-            elif isinstance(domain, Space):
-                config[key] = domain._decode(tokens)
+        for node in walk(self, config, branches="all"):  # every position takes its token, branches not taken too
+            domain = node.domain
+            if node.kind in DOMAIN_KINDS:
+                node.taken = token = next(left)
+                value = domain.decode(token)
             else:
-                config[key] = copy_config(domain)
+                value = {} if node.kind == "space" else copy_config(domain)
+            if node.holder is not None:
+                node.holder[node.key] = value
         return config
 
 
