@@ -18,7 +18,7 @@ import traceback
 
 from nasplat.cli.arguments import parser
 from nasplat.engine.records import ExperimentFailed
-from nasplat.storage import FolderInUse
+from nasplat.storage import FolderInUse, StorageError
 
 __all__ = ["main", "parser"]
 
@@ -46,7 +46,7 @@ def _one_line(exc: BaseException) -> str:
 
     message = " ".join(str(exc).split()) or "(no message)"
     expected = (ValueError, TypeError, FileNotFoundError, FileExistsError, NotADirectoryError, IsADirectoryError)
-    if isinstance(exc, (FolderInUse, ExperimentFailed, MissingExtra)) or (
+    if isinstance(exc, (FolderInUse, ExperimentFailed, MissingExtra, StorageError)) or (
             isinstance(exc, expected) and type(exc).__module__ == "builtins"):
         return message
     return f"{type(exc).__name__}: {message} (run with --debug for the traceback)"

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from nasplat.core import pareto
 from nasplat.core.pareto import better
-from nasplat.core.rows import RESERVED, Status
+from nasplat.core.rows import RESERVED, Status, mark_retried
 from nasplat.core.trees import flatten
 from nasplat.storage import META_FILE, ROWS_FILE, Storage, is_uri, local_copy, read_json, read_rows
 from nasplat.storage.checkpoints import Checkpoint, checkpoint_locations, is_complete, load_checkpoint
@@ -17,6 +17,10 @@ from nasplat.storage.checkpoints import Checkpoint, checkpoint_locations, is_com
 if TYPE_CHECKING:
     import pandas as pd
 
+
+class CheckpointLost(LookupError):
+    """The checkpoint asked for (a trial's latest by default) was due and not written, or is gone, while an older
+    one of the trial is there: that one is not used unless asked for by its step."""
 
 
 @dataclass
@@ -36,6 +40,7 @@ class ExperimentResult:
     location: str | None = None
 
     def __post_init__(self) -> None:
+        self.rows = mark_retried(self.rows)  # a retry went back over them: `retried`, like the failed step's row
         if self.location is None and self.path is not None:
             self.location = str(Path(self.path).resolve())
         self.metrics = tuple(self.metrics) or ((self.metric,) if self.metric else ())
@@ -70,7 +75,8 @@ class ExperimentResult:
         return pareto.rows_hypervolume(self.rows, self.metrics, self.modes, reference_point, self.constraints)
 
     def dataframe(self, *, flatten_config: bool = False) -> pd.DataFrame:
-        """One row per trial step: trial id, step, status, config, metrics, parent/donor id, times, node, pid.
+        """One row per trial step: trial id, step, status, config, metrics, parent/donor id, times, node, pid. A
+        retried attempt's rows have the status `retried`: each step of a trial's final attempt has one other row.
 
         `flatten_config=True` replaces the `config` column by one column per decision, `config.<path>`
         (`config.depth.n`, ...); a decision absent from a row's config (a branch not taken) is missing (NaN) there.
@@ -112,30 +118,55 @@ class ExperimentResult:
 
     @property
     def checkpoint(self) -> Checkpoint | None:
-        """The best trial's latest checkpoint still in storage (what `load_state()` loads), or None."""
+        """The best trial's latest checkpoint still in storage (what `load_state()` loads), or None; raises
+        `CheckpointLost` where its last step's checkpoint was not written or is gone and only an older one is left."""
         try:
             return self.find_checkpoint()
+        except CheckpointLost:
+            raise
         except LookupError:
             return None
 
     def find_checkpoint(self, trial_id: int | None = None, step: int | None = None) -> Checkpoint:
         """The latest checkpoint of trial `trial_id` (default: the best trial) at or before `step` (default: any)
         that is still in storage, complete, and looked up in this folder first (`checkpoint_locations`: a copied
-        folder reads its own); raises `LookupError` naming what was looked for if there is none."""
+        folder reads its own); raises `LookupError` naming what was looked for if there is none. Without `step`,
+        where the trial's last row says its checkpoint could not be written, or names one that is gone, an older
+        one is not taken silently: `CheckpointLost` names the step to ask for."""
         if trial_id is None:
             if self.best is None:
                 raise LookupError("no trial reported a finite metric, so there is no best trial to load")
             trial_id = self.best["trial_id"]
-        recorded = sorted({(row["step"], row["checkpoint"]) for row in self.rows if row.get("trial_id") == trial_id
-                           and row.get("checkpoint") and (step is None or row["step"] <= step)}, reverse=True)
-        for found_step, uri in recorded:
-            for location in checkpoint_locations(self.location, uri):
-                if is_complete(location):
-                    return Checkpoint(trial_id, found_step, location)
+        live = [row for row in self.rows if row.get("trial_id") == trial_id and row.get("status") != Status.RETRIED]
+        recorded = sorted({(row["step"], row["checkpoint"]) for row in live
+                           if row.get("checkpoint") and (step is None or row["step"] <= step)}, reverse=True)
+        durable = next((Checkpoint(trial_id, found_step, location) for found_step, uri in recorded
+                        for location in checkpoint_locations(self.location, uri) if is_complete(location)), None)
+        last = live[-1] if live else {}
+        if step is None and durable is not None and durable.step != last.get("step") and (
+                last.get("checkpoint") or last.get("checkpoint_error")):
+            why = (f"was not written ({last['checkpoint_error']})" if last.get("checkpoint_error")
+                   else "is missing or incomplete in storage")
+            older = durable.step
+            raise CheckpointLost(f"trial {trial_id}'s checkpoint at its last step {last.get('step')} {why}; the newest "
+                                 f"one left is at step {older}: ask for it with step={older} (nasplat export --step "
+                                 f"{older}) if an older state will do")
+        if durable is not None:
+            return durable
         where = f"at or before step {step}" if step is not None else "at any step"
         raise LookupError(f"trial {trial_id} has no checkpoint {where} in storage (rows name "
                           f"{len(recorded)}; the rest were never written or deleted by `keep_best`); run with "
                           "`checkpoint:` set to keep trained states")
+
+    def lost_checkpoints(self) -> list[tuple[int, int, str]]:
+        """(trial, step, why) of each trial whose last row's checkpoint was due and could not be written: its last
+        state is not in storage."""
+        last: dict[int, dict[str, Any]] = {}
+        for row in self.rows:
+            if row.get("status") != Status.RETRIED:
+                last[row["trial_id"]] = row
+        return [(t, row["step"], str(row["checkpoint_error"])) for t, row in last.items()
+                if row.get("checkpoint_error")]
 
     def load_state(self, trial_id: int | None = None, step: int | None = None) -> Any:
         """The trainer state (`state_dict`) of trial `trial_id` (default: the best) from its latest checkpoint at

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from nasplat.storage.files import (
     FolderLock,
     RowLog,
     StorageError,
+    fsync_dir,
     is_uri,
     local_copy,
     read_rows,
@@ -67,17 +69,27 @@ class ExperimentFolder:
         return self.remote is not None and self.remote.exists(f"{ROWS_FILE}.parts")
 
     def create(self, files: dict[str, bytes]) -> None:
-        """Start a new experiment here: take the lock, write `files` (spec, meta), open empty rows and journal."""
-        if self.exists():
-            raise FileExistsError(f"{self.location} already holds an experiment; continue it with "
-                                  f"`nasplat resume {self.location}` or choose another `name`")
+        """Start a new experiment here in one step under the lock: take it, check that no experiment is here (one
+        that another driver finished while this one waited counts), create empty rows and journal exclusively (an
+        existing file is never truncated), then write `files` (spec, meta)."""
         self.path.mkdir(parents=True, exist_ok=True)
         self.lock.acquire()
         try:
+            if self.exists():
+                raise FileExistsError(f"{self.location} already holds an experiment; continue it with "
+                                      f"`nasplat resume {self.location}` or choose another `name`")
+            for name in (ROWS_FILE, JOURNAL_FILE):
+                try:
+                    with open(self.path / name, "xb") as created:
+                        os.fsync(created.fileno())
+                except FileExistsError:
+                    raise FileExistsError(f"{self.path / name} exists already: {self.location} is not a fresh "
+                                          "experiment folder; choose another `name` or remove the file") from None
+                except OSError as exc:
+                    raise StorageError.of(self.path / name, exc, "create") from None
             for name, payload in files.items():
                 write_atomic(self.path / name, payload)
-            for name in (ROWS_FILE, JOURNAL_FILE):
-                write_atomic(self.path / name, b"")
+            fsync_dir(self.path)
             self.open_logs()
             self.sync(force=True)
         except BaseException:
