@@ -125,10 +125,28 @@ def test_a_lock_that_is_a_link_is_refused_in_one_line_and_its_target_untouched(t
     assert main(["resume", str(folder), "--quiet"]) == 2
     err = capsys.readouterr().err.splitlines()
     what = "a symbolic link" if link == "symbolic" else "a hard link to another file"
-    assert err == [f"nasplat resume: error: {folder / LOCK_FILE} is {what}; an experiment's lock must be a plain "
-                   + ("file: remove the link (nasplat never writes through one)" if link == "symbolic"
-                      else "file of its own: remove it")], err
+    assert err == [f"nasplat resume: error: {folder / LOCK_FILE} is " + (
+        "a symbolic link; nasplat writes an experiment's files only as plain files of its folder, never through a "
+        "link: remove the link" if link == "symbolic" else
+        "a hard link to another file; an experiment's lock must be a plain file of its own: remove it")], err
     assert victim.read_text() == "precious\n"
+
+
+@pytest.mark.parametrize("name", [ROWS_FILE, "journal.jsonl"])
+def test_rows_or_journal_that_are_symbolic_links_are_refused_and_their_target_untouched(tmp_path, capsys, name):
+    _run(tmp_path / "store", checkpoint={"every": 1})
+    folder = tmp_path / "store" / "exp"
+    victim = tmp_path / "victim.txt"
+    victim.write_text(open(folder / name).read() + "precious, no newline")  # resume would cut a last partial line
+    (folder / name).unlink()
+    os.symlink(victim, folder / name)
+    before = victim.read_text()
+    capsys.readouterr()
+    assert main(["resume", str(folder), "--quiet"]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"nasplat resume: error: {folder / name} is a symbolic link; nasplat writes an experiment's files only as "
+        "plain files of its folder, never through a link: remove the link"]
+    assert victim.read_text() == before
 
 
 # -- 3. export: atomic, never into an experiment folder, never over a file unasked, ENOSPC named ----------------

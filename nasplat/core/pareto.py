@@ -232,7 +232,8 @@ def trial_rows(rows: Sequence[Mapping[str, Any]], metrics: Sequence[str]) -> lis
     one of `metrics`."""
     latest: dict[Any, Mapping[str, Any]] = {}
     for row in rows:
-        if row.get("status") not in (Status.FAILED, Status.RETRIED) and all(finite(row.get(m)) is not None for m in metrics):
+        if row.get("status") not in (Status.FAILED, Status.RETRIED) and all(
+                finite(row.get(m)) is not None for m in metrics):
             latest[row["trial_id"]] = row
     return list(latest.values())
 

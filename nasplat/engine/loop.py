@@ -297,8 +297,9 @@ class Engine(EngineState):
         if summary is not None:
             last = sorted({trial_id for trial_id, _, _ in self.result().lost_checkpoints()})
             if last:
-                summary += (f"; among them the last one of trial{'s' if len(last) > 1 else ''} "
-                            f"{', '.join(map(str, last))}: {'their' if len(last) > 1 else 'its'} final state is not stored")
+                several = len(last) > 1
+                summary += (f"; among them the last one of trial{'s' if several else ''} {', '.join(map(str, last))}: "
+                            f"{'their' if several else 'its'} final state is not stored")
             print(f"[nasplat {self.name}] {summary}", file=sys.stderr, flush=True)
 
     # -- console ---------------------------------------------------------------------------------

@@ -135,6 +135,18 @@ def fsync_dir(folder: str | Path) -> None:
         os.close(fd)
 
 
+def open_plain(path: Path, flags: int) -> int:
+    """`os.open(path, flags)` for a file of an experiment folder, never through a symbolic link (a folder from
+    elsewhere may hold one pointing at any file): one-line `ValueError` naming it; other failures `StorageError`."""
+    try:
+        return os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise ValueError(f"{path} is a symbolic link; nasplat writes an experiment's files only as plain files "
+                             "of its folder, never through a link: remove the link") from None
+        raise StorageError.of(path, exc, "open") from None
+
+
 class FolderInUse(RuntimeError):
     """Another live driver holds the experiment folder."""
 
@@ -142,8 +154,8 @@ class FolderInUse(RuntimeError):
 class FolderLock:
     """An exclusive `flock` on `<folder>/lock` naming its holder (host and pid). The kernel drops it when the holder
     dies, so a stale lock left by a killed driver is taken over by the next one. The file is opened without following
-    a link and without truncating it: a `lock` that is a symbolic link, a hard link or no regular file (a folder
-    from elsewhere may hold one pointing at any file) is refused in one line, and nothing is written through it."""
+    a link (`open_plain`) and truncated only once it is held: a `lock` that is a symbolic link, a hard link or no
+    regular file (a folder from elsewhere may hold one naming any file) is refused in one line."""
 
     def __init__(self, folder: Path) -> None:
         self.path = folder / LOCK_FILE
@@ -151,14 +163,7 @@ class FolderLock:
 
     def acquire(self) -> None:
         """Take the lock, or raise `FolderInUse` naming its holder (`ValueError` for a lock file that is a link)."""
-        flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-        try:
-            fd = os.open(self.path, flags, 0o644)
-        except OSError as exc:
-            if exc.errno == errno.ELOOP:
-                raise ValueError(f"{self.path} is a symbolic link; an experiment's lock must be a plain file: remove "
-                                 "the link (nasplat never writes through one)") from None
-            raise StorageError.of(self.path, exc, "open") from None
+        fd = open_plain(self.path, os.O_RDWR | os.O_CREAT | os.O_NONBLOCK)
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:
             os.close(fd)
@@ -218,7 +223,7 @@ class RowLog:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self.file: Any = open(path, "a", encoding="utf-8")
+        self.file: Any = os.fdopen(open_plain(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT), "a", encoding="utf-8")
         self.lines = 0
         self.error: StorageError | None = None
 
@@ -273,7 +278,7 @@ def read_rows(path: Path, *, complete: bool = False) -> list[dict[str, Any]]:
             raise ValueError(f"{path}, line {number}: expected a JSON object, got {type(row).__name__}")
         rows.append(row)
     if complete and end < len(data):
-        with open(path, "r+b") as f:
+        with os.fdopen(open_plain(path, os.O_RDWR), "r+b") as f:
             f.truncate(end)
             os.fsync(f.fileno())
     return rows
