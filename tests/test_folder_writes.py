@@ -305,11 +305,19 @@ class HangsAtFour(Trainer):
         self.t = state["t"]
 
 
+class BestAtEnd:
+    """A callback keeping the engine's best row so far (the progress line's) when the run ends."""
+
+    def on_end(self, engine):
+        self.best = engine.best_row
+
+
 def test_a_step_retried_after_a_timeout_leaves_each_step_once_live_and_the_void_attempt_marked(tmp_path):
-    flag = tmp_path / "hung"
+    flag, watch = tmp_path / "hung", BestAtEnd()
     result = nasplat.run(trainer=HangsAtFour, space={"flag": Choice([str(flag)])}, metric="score",
                          executor="processes", concurrency=1, max_trials=1, max_steps=4, max_failures=1,
-                         step_timeout_s=1, seed=0, storage=tmp_path / "s", name="exp")
+                         step_timeout_s=1, seed=0, storage=tmp_path / "s", name="exp", callbacks=[watch])
+    assert (watch.best["attempt"], watch.best["score"]) == (1, 4.0)  # the live best forgot the void 13.0 too
     assert flag.exists()  # the first attempt did hang at step 4; with no checkpoint the retry started over
     on_disk = read_rows(tmp_path / "s" / "exp" / ROWS_FILE)
     assert [(r["step"], r["attempt"], r["status"]) for r in on_disk] == [
