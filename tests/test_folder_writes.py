@@ -333,3 +333,6 @@ def test_a_step_retried_after_a_timeout_leaves_each_step_once_live_and_the_void_
         assert (read.best["step"], read.best["score"]) == (4, 4.0)  # not the void 13.0 of the first attempt
         assert read.ranked() == [read.rows[-1]] and read.pareto_front() == [read.rows[-1]]
         assert read.final_status() == {0: "completed"}
+    from nasplat.report.frame import ReportFrame
+
+    assert list(ReportFrame.load(tmp_path / "s" / "exp").ok["value"]) == [1.0, 2.0, 3.0, 4.0]  # the report's points
