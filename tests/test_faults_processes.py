@@ -230,9 +230,12 @@ def test_a_worker_killed_mid_step_charges_only_the_trial_whose_step_it_ran(tmp_p
                              max_steps=4, max_failures=1, seed=0, storage=tmp_path, name="kill",
                              checkpoint=checkpoint)
     rows, pid = result.rows, KILLED_ONCE.value
-    retried = [r for r in rows if r["status"] == "retried"]
+    retried = [r for r in rows if r["status"] == "retried" and r["error"]]  # the failed step's own row
     assert [(r["trial_id"], r["step"], r["attempt"]) for r in retried] == [(1, 2, 0)]
     assert f"worker process {pid} died" in retried[0]["error"] and "trial 1's step" in retried[0]["error"]
+    void = [(r["trial_id"], r["step"], r["attempt"]) for r in rows if r["status"] == "retried" and not r["error"]]
+    first_again = next(r["step"] for r in rows if r["trial_id"] == 1 and r["attempt"] == 1)
+    assert void == [(1, s, 0) for s in range(first_again, 2)]  # the first attempt's rows its retry went back over
     assert result.counts() == {"completed": 3}
     for trial in (0, 2):  # hosted by the killed worker too: relaunched uncharged, where they stood
         mine = [r for r in rows if r["trial_id"] == trial]

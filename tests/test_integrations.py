@@ -210,8 +210,9 @@ def test_optuna_dashboard_lists_the_exported_trials_in_headless_chromium(experim
     assert listed == {t.number for t in study.trials} == set(range(TRIALS))
 
 
-def test_export_parquet_and_csv_round_trip_with_one_column_per_decision(experiment, tmp_path, capsys):
+def test_export_parquet_and_csv_round_trip_with_one_column_per_decision(experiment, tmp_path, capsys, monkeypatch):
     folder, _ = experiment
+    monkeypatch.chdir(tmp_path)  # the default output goes here, named after the experiment, never into its folder
     expected = table(ExperimentResult.load(folder))
     assert {"config.lr", "config.act", "config.depth.n", "config.depth.width0", "config.depth.width1"} <= set(
         expected.columns) and "config" not in expected.columns
@@ -219,8 +220,8 @@ def test_export_parquet_and_csv_round_trip_with_one_column_per_decision(experime
     assert expected.loc[one_layer, "config.depth.width1"].isna().all()
     assert expected.loc[~one_layer, "config.depth.width1"].notna().all()
     assert main(["export", str(folder)]) == 0
-    assert capsys.readouterr().out.strip() == f"exported: {folder / 'results.parquet'}"
-    pd.testing.assert_frame_equal(pd.read_parquet(folder / "results.parquet"), expected)
+    assert capsys.readouterr().out.strip() == f"exported: {folder.name}.parquet"
+    pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / f"{folder.name}.parquet"), expected)
     assert main(["export", str(folder), "--format", "csv", "-o", str(tmp_path / "rows.csv")]) == 0
     back = pd.read_csv(tmp_path / "rows.csv")
     assert list(back.columns) == list(expected.columns)

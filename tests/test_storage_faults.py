@@ -134,7 +134,8 @@ def test_checkpoints_on_a_full_disk_name_enospc_and_the_path_and_the_run_says_ho
     summary = [line for line in err if "could not be written" in line]
     assert summary == [f"[nasplat exp] 6 checkpoints could not be written; the first, of trial 0 at step 1: "
                        f"ENOSPC (No space left on device): cannot write {path}/{STATE_FILE}. Their trials went on; "
-                       "a retry or resume starts from an earlier checkpoint or from scratch"], err
+                       "a retry or resume starts from an earlier checkpoint or from scratch; among them the last "
+                       "one of trials 0, 1: their final state is not stored"], err
     with pytest.raises(StorageError) as info:
         write_atomic(disk / "store" / "more.bin", b"\0" * (1 << 20))
     assert info.value.errno == errno.ENOSPC and str(pickle.loads(pickle.dumps(info.value))) == str(info.value)
@@ -257,8 +258,11 @@ def test_a_manifest_cut_short_or_naming_other_sizes_is_incomplete(tmp_path):
     assert [c.step for c in list_checkpoints(storage, 0)] == [1]
     rows = [{"trial_id": 0, "step": s, "status": "running", "score": 1.0, "config": {},
              "checkpoint": f"checkpoints/trial-0/step-{s}"} for s in (1, 2, 3)]
-    found = ExperimentResult(rows, "score", path=tmp_path).find_checkpoint(0)
+    found = ExperimentResult(rows, "score", path=tmp_path).find_checkpoint(0, step=3)  # an older one, asked for
     assert (found.step, found.uri) == (1, str(tmp_path / "checkpoints" / "trial-0" / "step-1"))
+    with pytest.raises(LookupError, match="trial 0's checkpoint at its last step 3 is missing or incomplete in "
+                                          "storage; the newest one left is at step 1: ask for it with step=1"):
+        ExperimentResult(rows, "score", path=tmp_path).find_checkpoint(0)  # not taken silently
     with pytest.raises(FileNotFoundError, match="is not a complete checkpoint .*cannot be read"):
         load_checkpoint(str(tmp_path / "checkpoints" / "trial-0" / "step-2"))
     old = {"trial_id": 0, "step": 1, "bytes": (tmp_path / "checkpoints/trial-0/step-1" / STATE_FILE).stat().st_size}

@@ -114,10 +114,10 @@ def test_a_retry_is_a_new_attempt_whose_failed_predecessor_keeps_its_row_and_err
     keys = [(r["trial_id"], r["attempt"], r["step"], r["status"]) for r in result.rows]
     for trial in range(3):
         mine = [k[1:] for k in keys if k[0] == trial]
-        assert mine == [(0, 1, "running"), (0, 2, "retried"), (1, 1, "running"), (1, 2, "running"),
-                        (1, 3, "completed")]
-    retried = [r for r in result.rows if r["status"] == "retried"]
-    assert all("ValueError: lost the GPU" in r["error"] for r in retried)
+        assert mine == [(0, 1, "retried"), (0, 2, "retried"), (1, 1, "running"), (1, 2, "running"),
+                        (1, 3, "completed")]  # the retry started over: its first attempt's step 1 is void too
+    retried = [r for r in result.rows if r["status"] == "retried" and r["step"] == 2]  # each failed step's own
+    assert len(retried) == 3 and all("ValueError: lost the GPU" in r["error"] for r in retried)
 
 
 def test_a_yaml_experiment_is_stored_as_plain_json_and_damage_is_named(tmp_path):

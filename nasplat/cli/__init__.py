@@ -19,7 +19,7 @@ import traceback
 from nasplat.cli.arguments import parser
 from nasplat.engine.records import ExperimentFailed
 from nasplat.space.data import NotData
-from nasplat.storage import FolderInUse, PickleRefused
+from nasplat.storage import FolderInUse, PickleRefused, StorageError
 
 __all__ = ["main", "parser"]
 
@@ -47,7 +47,7 @@ def _one_line(exc: BaseException) -> str:
 
     message = " ".join(str(exc).split()) or "(no message)"
     expected = (ValueError, TypeError, FileNotFoundError, FileExistsError, NotADirectoryError, IsADirectoryError)
-    if isinstance(exc, (FolderInUse, ExperimentFailed, MissingExtra, PickleRefused, NotData)) or (
+    if isinstance(exc, (FolderInUse, ExperimentFailed, MissingExtra, PickleRefused, NotData, StorageError)) or (
             isinstance(exc, expected) and type(exc).__module__ == "builtins"):
         return message
     return f"{type(exc).__name__}: {message} (run with --debug for the traceback)"

@@ -88,11 +88,13 @@ def parser() -> argparse.ArgumentParser:
     export.add_argument("--trial", type=int, help="the trial to export (default: the best)")
     export.add_argument("--step", type=int, help="its latest checkpoint at or before this step (default: latest)")
     export.add_argument("-o", "--output", help="the file to write; its extension (.parquet, .csv, .pt) names the "
-                        "format (default: <folder>/results.<format> for rows, trial-<id>-step-<k>.pt here for weights)")
+                        "format (default: <experiment name>.<format> for rows, trial-<id>-step-<k>.pt for weights, "
+                        "both here); never inside an experiment folder")
     export.add_argument("--format", choices=list(dict.fromkeys(EXPORT_FORMATS.values())),
                         help="parquet or csv: the rows, one column per decision; pt: {config, state_dict, trial_id, "
                         "step, metrics} for torch.load (default: the output's extension, else pt with --trial or "
                         "--step, else parquet; a --format the extension contradicts is refused)")
+    export.add_argument("--force", action="store_true", help="replace the output if it exists (default: refuse)")
     export.set_defaults(func=cmd_export)
     report = sub.add_parser("report", parents=[debug],
                             help="write a self-contained HTML report (into the experiment folder by default)")

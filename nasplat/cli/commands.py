@@ -132,17 +132,32 @@ def cmd_retrain(args: argparse.Namespace) -> int:
 
 def _nothing_succeeded(result: ExperimentResult, command: str) -> int:
     """The exit code of a finished run: 1, after one line on stderr naming the first errors, when trials failed
-    and none completed, stopped or paused (nothing in the search could succeed); else 0."""
+    and none completed, stopped or paused (nothing in the search could succeed), or when a trial's last checkpoint
+    could not be written (`_last_checkpoints_lost`); else 0."""
     final = result.final_status()
     if Status.FAILED not in final.values() or any(
             s in (Status.COMPLETED, Status.STOPPED, Status.PAUSED) for s in final.values()):
-        return 0
+        return _last_checkpoints_lost(result, command)
     errors: dict[int, str] = {}
     for row in result.rows:
         if row.get("status") == Status.FAILED and row["trial_id"] not in errors:
             errors[row["trial_id"]] = last_line(str(row.get("error") or "(no error recorded)"))
     first = "; ".join(f"trial {t}: {e}" for t, e in list(errors.items())[:3])
     print(f"nasplat {command}: error: no trial succeeded ({len(errors)} failed); first errors: {first}",
+          file=sys.stderr)
+    return 1
+
+
+def _last_checkpoints_lost(result: ExperimentResult, command: str) -> int:
+    """1, after one line on stderr, when the last checkpoint of some trial was due and could not be written (its
+    trained state is not stored; nothing loads an older one unasked); else 0."""
+    lost = result.lost_checkpoints()
+    if not lost:
+        return 0
+    trial, step, why = lost[0]
+    more = f" (and {len(lost) - 1} more trials)" if len(lost) > 1 else ""
+    print(f"nasplat {command}: error: the last checkpoint of trial {trial} (step {step}){more} could not be written: "
+          f"{why}; its trained state is not stored (an older checkpoint is used only when asked for by --step)",
           file=sys.stderr)
     return 1
 
@@ -193,7 +208,7 @@ def cmd_export(args: argparse.Namespace) -> int:
             raise ValueError(f"--trial and --step choose a checkpoint: they need --format pt, got {given}")
         from nasplat.integrations.export import export_rows
 
-        print(f"exported: {export_rows(args.folder, fmt, args.output)}")
+        print(f"exported: {export_rows(args.folder, fmt, args.output, force=args.force)}")
         return 0
     return _export_weights(args)
 
@@ -220,13 +235,14 @@ def _export_weights(args: argparse.Namespace) -> int:
     row = next((r for r in result.rows if r["trial_id"] == checkpoint.trial_id and r["step"] == checkpoint.step
                 and r.get("status") not in (Status.FAILED, Status.RETRIED)), {})
     from nasplat.core.rows import RESERVED
+    from nasplat.integrations.export import check_output, write_output
     from nasplat.storage.checkpoints import load_checkpoint
 
+    output = check_output(args.output or f"trial-{checkpoint.trial_id}-step-{checkpoint.step}.pt", force=args.force)
     exported = {"config": row.get("config"), "state_dict": load_checkpoint(checkpoint.uri),
                 "trial_id": checkpoint.trial_id, "step": checkpoint.step,
                 "metrics": {k: v for k, v in row.items() if k not in RESERVED}}
-    output = Path(args.output or f"trial-{checkpoint.trial_id}-step-{checkpoint.step}.pt")
-    torch.save(exported, output)
+    write_output(output, lambda f: torch.save(exported, f), force=args.force)
     print(f"exported trial {checkpoint.trial_id} at step {checkpoint.step} ({result.metric}="
           f"{row.get(result.metric)}) to {output}")
     return 0

@@ -228,10 +228,12 @@ def _volume(gains: np.ndarray) -> float:
 
 # -- experiment rows ------------------------------------------------------------------------------------------
 def trial_rows(rows: Sequence[Mapping[str, Any]], metrics: Sequence[str]) -> list[Mapping[str, Any]]:
-    """Each trial's latest row that did not fail and holds a finite value for every one of `metrics`."""
+    """Each trial's latest row that did not fail (nor a retry go back over it) and holds a finite value for every
+    one of `metrics`."""
     latest: dict[Any, Mapping[str, Any]] = {}
     for row in rows:
-        if row.get("status") != Status.FAILED and all(finite(row.get(m)) is not None for m in metrics):
+        if row.get("status") not in (Status.FAILED, Status.RETRIED) and all(
+                finite(row.get(m)) is not None for m in metrics):
             latest[row["trial_id"]] = row
     return list(latest.values())
 

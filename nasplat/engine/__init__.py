@@ -11,6 +11,6 @@ is the record read back.
 
 from nasplat.engine.loop import Engine
 from nasplat.engine.records import Budget, ExperimentFailed, TrialRecord
-from nasplat.engine.result import ExperimentResult
+from nasplat.engine.result import CheckpointLost, ExperimentResult
 
-__all__ = ["Budget", "Engine", "ExperimentFailed", "ExperimentResult", "TrialRecord"]
+__all__ = ["Budget", "CheckpointLost", "Engine", "ExperimentFailed", "ExperimentResult", "TrialRecord"]

@@ -282,6 +282,8 @@ class Engine(EngineState):
                 record.restart = None  # the in-memory state may be what was lost (its node died): take the durable one
             self.executor.stop(record.trial_id)
             self._launch(record)
+            if self.best_row is not None and self.best_row["trial_id"] == record.trial_id:
+                self.recount_best(record.trial_id, record.step)  # the failed attempt's later steps count no more
             return
         self.outbox.row(self._row(record, event, Status.FAILED, record.step + 1, {}, error=error))
         self.end(record, Status.FAILED, Result({}, record.step + 1, failed=True, error=error))
@@ -321,9 +323,11 @@ class Engine(EngineState):
         folder, and the trial's older one goes. The first three failed writes are printed, the run's end counts
         them all (`_report_lost_checkpoints`)."""
         recorded = self.recorded_location(checkpoint.uri) if checkpoint.uri is not None else None
-        self.outbox.saved((checkpoint.trial_id, checkpoint.step), recorded)
+        superseded = (checkpoint.error or "").startswith("superseded")  # a newer one of the trial took its turn
+        failure = console.last_line(checkpoint.error or "no error given") if recorded is None and not superseded \
+            else None
+        self.outbox.saved((checkpoint.trial_id, checkpoint.step), recorded, failure)
         if checkpoint.uri is None:
-            superseded = (checkpoint.error or "").startswith("superseded")  # a newer one of the trial took its turn
             if not superseded and self.book.failed(checkpoint):
                 print(f"[nasplat {self.name}] checkpoint of trial {checkpoint.trial_id} at step {checkpoint.step} "
                       f"failed: {console.last_line(checkpoint.error or '')}"
@@ -342,6 +346,11 @@ class Engine(EngineState):
         """At the run's end, one line on stderr if checkpoints could not be written: how many, the first error."""
         summary = self.book.lost_summary()
         if summary is not None:
+            last = sorted({trial_id for trial_id, _, _ in self.result().lost_checkpoints()})
+            if last:
+                several = len(last) > 1
+                summary += (f"; among them the last one of trial{'s' if several else ''} {', '.join(map(str, last))}: "
+                            f"{'their' if several else 'its'} final state is not stored")
             print(f"[nasplat {self.name}] {summary}", file=sys.stderr, flush=True)
 
     # -- console ---------------------------------------------------------------------------------

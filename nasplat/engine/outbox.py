@@ -36,14 +36,16 @@ class Outbox:
             self.waiting.add(wait)
         self._put("row", row, wait)
 
-    def saved(self, key: Key, uri: str | None) -> None:
-        """The checkpoint `key` is durable at `uri` (None: its write failed): the row waiting for it notes the uri
-        and goes out with everything behind it that may."""
+    def saved(self, key: Key, uri: str | None, error: str | None = None) -> None:
+        """The checkpoint `key` is durable at `uri` (None: its write failed, for the reason `error` if one is
+        given): the row waiting for it notes the uri (or `checkpoint_error`) and goes out with everything behind it
+        that may."""
         self.waiting.discard(key)
-        if uri is not None:
-            for kind, item, wait in self.queue:
-                if wait == key:
-                    item["checkpoint"] = uri
+        for kind, item, wait in self.queue:
+            if wait == key and uri is not None:
+                item["checkpoint"] = uri
+            elif wait == key and error is not None:
+                item["checkpoint_error"] = error
         self.flush()
 
     def forget(self, trial_id: int | None = None) -> None:

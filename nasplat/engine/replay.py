@@ -32,6 +32,7 @@ def resume_engine(engine: Engine, rows: list[dict[str, Any]], journal: list[dict
             print(f"[nasplat {engine.name}] resume: trial {trial_id}'s checkpoint {missing[-1]} is missing or "
                   f"incomplete{earlier}: it {then}", file=sys.stderr, flush=True)
     mismatches = _replay(engine, rows, journal)
+    engine.recount_best()  # without the rows a retry went back over
     engine.rewind_running({trial_id: checkpoint for trial_id, (checkpoint, _) in found.items()})
     engine.reopen_logs(rows, journal, rewrite=bool(dropped))
     ends = [row.get("end") or 0.0 for row in rows] + [entry.get("time") or 0.0 for entry in journal]

@@ -7,14 +7,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from nasplat.core import pareto
-from nasplat.core.rows import RESERVED, Status
+from nasplat.core.rows import RESERVED, Status, mark_retried
 from nasplat.core.trees import flatten
 from nasplat.storage import META_FILE, ROWS_FILE, Storage, is_uri, local_copy, read_json, read_rows
-from nasplat.storage.checkpoints import Checkpoint, latest_checkpoint, load_checkpoint
+from nasplat.storage.checkpoints import Checkpoint, CheckpointLost, latest_checkpoint, load_checkpoint
 
 if TYPE_CHECKING:
     import pandas as pd
-
 
 
 @dataclass
@@ -34,6 +33,7 @@ class ExperimentResult:
     location: str | None = None
 
     def __post_init__(self) -> None:
+        self.rows = mark_retried(self.rows)  # a retry went back over them: `retried`, like the failed step's row
         if self.location is None and self.path is not None:
             self.location = str(Path(self.path).resolve())
         self.metrics = tuple(self.metrics) or ((self.metric,) if self.metric else ())
@@ -68,7 +68,8 @@ class ExperimentResult:
         return pareto.rows_hypervolume(self.rows, self.metrics, self.modes, reference_point, self.constraints)
 
     def dataframe(self, *, flatten_config: bool = False) -> pd.DataFrame:
-        """One row per trial step: trial id, step, status, config, metrics, parent/donor id, times, node, pid.
+        """One row per trial step: trial id, step, status, config, metrics, parent/donor id, times, node, pid. A
+        retried attempt's rows have the status `retried`: each step of a trial's final attempt has one other row.
 
         `flatten_config=True` replaces the `config` column by one column per decision, `config.<path>`
         (`config.depth.n`, ...); a decision absent from a row's config (a branch not taken) is missing (NaN) there.
@@ -105,21 +106,36 @@ class ExperimentResult:
 
     @property
     def checkpoint(self) -> Checkpoint | None:
-        """The best trial's latest checkpoint still in storage (what `load_state()` loads), or None."""
+        """The best trial's latest checkpoint still in storage (what `load_state()` loads), or None; raises
+        `CheckpointLost` where its last step's checkpoint was not written or is gone and only an older one is left."""
         try:
             return self.find_checkpoint()
+        except CheckpointLost:
+            raise
         except LookupError:
             return None
 
     def find_checkpoint(self, trial_id: int | None = None, step: int | None = None) -> Checkpoint:
         """The latest checkpoint of trial `trial_id` (default: the best trial) at or before `step` (default: any)
         that is still in storage, complete, and looked up in this folder first (`checkpoint_locations`: a copied
-        folder reads its own); raises `LookupError` naming what was looked for if there is none."""
+        folder reads its own); raises `LookupError` naming what was looked for if there is none. Without `step`,
+        where the trial's last row says its checkpoint could not be written, or names one that is gone, an older
+        one is not taken silently: `CheckpointLost` names the step to ask for."""
         if trial_id is None:
             if self.best is None:
                 raise LookupError("no trial reported a finite metric, so there is no best trial to load")
             trial_id = self.best["trial_id"]
         return latest_checkpoint(self.rows, self.location, trial_id, step)
+
+    def lost_checkpoints(self) -> list[tuple[int, int, str]]:
+        """(trial, step, why) of each trial whose last row's checkpoint was due and could not be written: its last
+        state is not in storage."""
+        last: dict[int, dict[str, Any]] = {}
+        for row in self.rows:
+            if row.get("status") != Status.RETRIED:
+                last[row["trial_id"]] = row
+        return [(t, row["step"], str(row["checkpoint_error"])) for t, row in last.items()
+                if row.get("checkpoint_error")]
 
     def load_state(self, trial_id: int | None = None, step: int | None = None) -> Any:
         """The trainer state (`state_dict`) of trial `trial_id` (default: the best) from its latest checkpoint at

@@ -14,7 +14,7 @@ from typing import Any
 from nasplat.controllers.base import Decision, Exploit, Pause, Result, Searcher, Stop, TrialSpec
 from nasplat.core.checks import is_real
 from nasplat.core.pareto import better
-from nasplat.core.rows import Status
+from nasplat.core.rows import Status, mark_retried
 from nasplat.engine.answers import RecordedAnswers
 from nasplat.engine.console import last_line
 from nasplat.engine.outbox import Outbox
@@ -158,6 +158,14 @@ class EngineState:
             return
         if self.best_row is None or better(value, self.best_row[self.controller.metric], self.controller.mode):
             self.best_row = row
+
+    def recount_best(self, trial_id: int | None = None, after_step: int = 0) -> None:
+        """Find the best so far again without the rows a retry went back over (`mark_retried`), nor `trial_id`'s
+        rows after `after_step` (its retry goes on from that step now)."""
+        self.best_row = None
+        for row in mark_retried(self.rows):
+            if row["trial_id"] != trial_id or row["step"] <= after_step:
+                self.note_best(row)
 
     def result(self) -> ExperimentResult:
         """The rows so far, ranked by the controller's objectives and constraints."""

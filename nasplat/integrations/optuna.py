@@ -134,7 +134,8 @@ def _frozen_trial(space: Space, result: ExperimentResult, rows: list[dict[str, A
     except (KeyError, ValueError, TypeError) as exc:
         raise ValueError(f"trial {first['trial_id']}'s config {first['config']!r} does not fit the space: {exc}") \
             from exc
-    steps = {int(r["step"]): float(r[result.metric]) for r in rows if r.get("status") != Status.FAILED
+    steps = {int(r["step"]): float(r[result.metric]) for r in rows
+             if r.get("status") not in (Status.FAILED, Status.RETRIED)
              and isinstance(r.get(result.metric), (int, float)) and math.isfinite(r[result.metric])}
     best = None
     for value in steps.values():

@@ -45,7 +45,7 @@ class ReportFrame:
         rows["order"] = np.arange(len(rows))
         value = pd.to_numeric(rows[result.metric], errors="coerce") if result.metric in rows else np.nan
         rows["value"] = pd.Series(value, index=rows.index, dtype=float).replace([np.inf, -np.inf], np.nan)
-        rows.loc[rows["status"] == Status.FAILED, "value"] = np.nan
+        rows.loc[rows["status"].astype(str).isin([Status.FAILED.value, Status.RETRIED.value]), "value"] = np.nan
         return cls(folder, meta, result.metric, result.mode, result, rows)
 
     @property

@@ -186,17 +186,33 @@ def _numpy_globals() -> list[Any]:
     return [_reconstruct, scalar, np.ndarray, np.dtype, *dtypes]
 
 
+class CheckpointLost(LookupError):
+    """The checkpoint asked for (a trial's latest by default) was due and not written, or is gone, while an older
+    one of the trial is there: that one is not used unless asked for by its step."""
+
+
 def latest_checkpoint(rows: Iterable[Mapping[str, Any]], home: str | None, trial_id: Any,
                       step: int | None = None) -> Checkpoint:
-    """The latest checkpoint of trial `trial_id` at or before `step` (default: any) that `rows` name and that is
-    still in storage and complete, looked up under `home` (the experiment's location) first: `checkpoint_locations`.
-    Raises `LookupError` naming what was looked for if there is none."""
-    recorded = sorted({(row["step"], row["checkpoint"]) for row in rows if row.get("trial_id") == trial_id
-                       and row.get("checkpoint") and (step is None or row["step"] <= step)}, reverse=True)
-    for found_step, uri in recorded:
-        for location in checkpoint_locations(home, uri):
-            if is_complete(location):
-                return Checkpoint(trial_id, found_step, location)
+    """The latest checkpoint of trial `trial_id` at or before `step` (default: any) that `rows` name (a retried
+    attempt's rows left out) and that is still in storage and complete, looked up under `home` (the experiment's
+    location) first: `checkpoint_locations`. Without `step`, a trial whose last row's checkpoint was due and is not
+    there raises `CheckpointLost` (an older state is never taken unasked); none at all raises `LookupError`."""
+    live = [row for row in rows if row.get("trial_id") == trial_id and row.get("status") != "retried"]
+    recorded = sorted({(row["step"], row["checkpoint"]) for row in live
+                       if row.get("checkpoint") and (step is None or row["step"] <= step)}, reverse=True)
+    durable = next((Checkpoint(trial_id, found_step, location) for found_step, uri in recorded
+                    for location in checkpoint_locations(home, uri) if is_complete(location)), None)
+    last = live[-1] if live else {}
+    if step is None and durable is not None and durable.step != last.get("step") and (
+            last.get("checkpoint") or last.get("checkpoint_error")):
+        why = (f"was not written ({last['checkpoint_error']})" if last.get("checkpoint_error")
+               else "is missing or incomplete in storage")
+        older = durable.step
+        raise CheckpointLost(f"trial {trial_id}'s checkpoint at its last step {last.get('step')} {why}; the newest "
+                             f"one left is at step {older}: ask for it with step={older} (nasplat export --step "
+                             f"{older}) if an older state will do")
+    if durable is not None:
+        return durable
     where = f"at or before step {step}" if step is not None else "at any step"
     raise LookupError(f"trial {trial_id} has no checkpoint {where} in storage (rows name "
                       f"{len(recorded)}; the rest were never written or deleted by `keep_best`); run with "

@@ -7,6 +7,7 @@ import fcntl
 import json
 import os
 import socket
+import stat
 import tempfile
 import time
 import uuid
@@ -100,21 +101,29 @@ def _full(folder: str | Path) -> bool:
         return False
 
 
-def write_atomic(path: str | Path, payload: bytes | Callable[[BinaryIO], Any]) -> int:
+def write_atomic(path: str | Path, payload: bytes | Callable[[BinaryIO], Any], *, replace: bool = True) -> int:
     """Write `payload` (bytes, or a function that writes into the open file: no copy of the bytes in memory) to a
     uniquely named temp file beside `path`, fsync, rename: readers see the old file or the new one, whole. Returns
     the size written. A failure of the storage itself (a full disk, no permission) raises `StorageError` naming
-    the errno and `path`."""
+    the errno and `path`, and leaves an existing `path` as it was. With `replace=False` an existing `path` (or one
+    made meanwhile) is never replaced: `FileExistsError`."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}.tmp")
     try:
-        with open(tmp, "wb") as f:
+        with open(tmp, "xb") as f:
             written(payload, f, path.parent)
             size = f.tell()
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
+        if replace:
+            os.replace(tmp, path)
+        else:
+            os.link(tmp, path)  # fails where `path` exists, however it came there
         fsync_dir(path.parent)
+    except FileExistsError:
+        if replace:
+            raise StorageError.of(path, OSError(errno.EEXIST, os.strerror(errno.EEXIST))) from None
+        raise FileExistsError(f"{path} exists already; nasplat does not overwrite it") from None
     except OSError as exc:
         raise StorageError.of(path, exc) from None
     finally:
@@ -132,35 +141,55 @@ def fsync_dir(folder: str | Path) -> None:
         os.close(fd)
 
 
+def open_plain(path: Path, flags: int) -> int:
+    """`os.open(path, flags)` for a file of an experiment folder, never through a symbolic link (a folder from
+    elsewhere may hold one pointing at any file): one-line `ValueError` naming it; other failures `StorageError`."""
+    try:
+        return os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise ValueError(f"{path} is a symbolic link; nasplat writes an experiment's files only as plain files "
+                             "of its folder, never through a link: remove the link") from None
+        raise StorageError.of(path, exc, "open") from None
+
+
 class FolderInUse(RuntimeError):
     """Another live driver holds the experiment folder."""
 
 
 class FolderLock:
     """An exclusive `flock` on `<folder>/lock` naming its holder (host and pid). The kernel drops it when the holder
-    dies, so a stale lock left by a killed driver is taken over by the next one."""
+    dies, so a stale lock left by a killed driver is taken over by the next one. The file is opened without following
+    a link (`open_plain`) and truncated only once it is held: a `lock` that is a symbolic link, a hard link or no
+    regular file (a folder from elsewhere may hold one naming any file) is refused in one line."""
 
     def __init__(self, folder: Path) -> None:
         self.path = folder / LOCK_FILE
         self.file: Any = None
 
     def acquire(self) -> None:
-        file = open(self.path, "a+", encoding="utf-8")
+        """Take the lock, or raise `FolderInUse` naming its holder (`ValueError` for a lock file that is a link)."""
+        fd = open_plain(self.path, os.O_RDWR | os.O_CREAT | os.O_NONBLOCK)
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:
+            os.close(fd)
+            what = "a hard link to another file" if stat.S_ISREG(info.st_mode) else "not a regular file"
+            raise ValueError(f"{self.path} is {what}; an experiment's lock must be a plain file of its own: remove it")
+        file = os.fdopen(fd, "r+", encoding="utf-8")
         try:
             fcntl.flock(file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            file.seek(0)
             holder = file.read().strip() or "unknown"
             file.close()
             raise FolderInUse(f"{self.path.parent} is in use by another nasplat driver ({holder}); wait for it to "
                                "end or stop it, then `nasplat resume` this folder") from None
-        file.seek(0)
         file.truncate()
         file.write(f"host {socket.gethostname()} pid {os.getpid()} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
         file.flush()
         self.file = file
 
     def release(self) -> None:
+        """Let go of the lock (a second call does nothing)."""
         if self.file is not None:
             fcntl.flock(self.file.fileno(), fcntl.LOCK_UN)
             self.file.close()
@@ -200,7 +229,7 @@ class RowLog:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self.file: Any = open(path, "a", encoding="utf-8")
+        self.file: Any = os.fdopen(open_plain(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT), "a", encoding="utf-8")
         self.lines = 0
         self.error: StorageError | None = None
 
@@ -255,7 +284,7 @@ def read_rows(path: Path, *, complete: bool = False) -> list[dict[str, Any]]:
             raise ValueError(f"{path}, line {number}: expected a JSON object, got {type(row).__name__}")
         rows.append(row)
     if complete and end < len(data):
-        with open(path, "r+b") as f:
+        with os.fdopen(open_plain(path, os.O_RDWR), "r+b") as f:
             f.truncate(end)
             os.fsync(f.fileno())
     return rows

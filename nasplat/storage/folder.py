@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import stat
 import time
 from pathlib import Path
 from typing import Any
@@ -19,6 +21,7 @@ from nasplat.storage.files import (
     PickleRefused,
     RowLog,
     StorageError,
+    fsync_dir,
     is_uri,
     local_copy,
     read_rows,
@@ -68,17 +71,30 @@ class ExperimentFolder:
         return self.remote is not None and self.remote.exists(f"{ROWS_FILE}.parts")
 
     def create(self, files: dict[str, bytes]) -> None:
-        """Start a new experiment here: take the lock, write `files` (spec, meta), open empty rows and journal."""
-        if self.exists():
-            raise FileExistsError(f"{self.location} already holds an experiment; continue it with "
-                                  f"`nasplat resume {self.location}` or choose another `name`")
+        """Start a new experiment here in one step under the lock: take it, check that no experiment is here (one
+        that another driver finished while this one waited counts), write `files` (spec, meta), then create empty
+        journal and rows exclusively (an existing one is never truncated; the rows file, made last, marks the
+        experiment as there)."""
         self.path.mkdir(parents=True, exist_ok=True)
         self.lock.acquire()
         try:
+            if self.exists():
+                raise FileExistsError(f"{self.location} already holds an experiment; continue it with "
+                                      f"`nasplat resume {self.location}` or choose another `name`")
             for name, payload in files.items():
                 write_atomic(self.path / name, payload)
-            for name in (ROWS_FILE, JOURNAL_FILE):
-                write_atomic(self.path / name, b"")
+            for name in (JOURNAL_FILE, ROWS_FILE):
+                if name == JOURNAL_FILE and _empty_file(self.path / name):
+                    continue  # left by a create killed before it made the rows: nothing in it to lose
+                try:
+                    with open(self.path / name, "xb") as created:
+                        os.fsync(created.fileno())
+                except FileExistsError:
+                    raise FileExistsError(f"{self.path / name} exists already: {self.location} is not a fresh "
+                                          "experiment folder; choose another `name` or remove the file") from None
+                except OSError as exc:
+                    raise StorageError.of(self.path / name, exc, "create") from None
+                fsync_dir(self.path)
             self.open_logs()
             self.sync(force=True)
         except BaseException:
@@ -156,6 +172,15 @@ class ExperimentFolder:
                             pass
             finally:
                 self.lock.release()
+
+
+def _empty_file(path: Path) -> bool:
+    """Whether `path` is an empty regular file (not a link)."""
+    try:
+        info = path.lstat()
+    except OSError:
+        return False
+    return stat.S_ISREG(info.st_mode) and info.st_size == 0
 
 
 def read_spec(path: Path, *, allow_pickle: bool = False) -> dict[str, Any]:
