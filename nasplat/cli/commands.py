@@ -216,6 +216,7 @@ def _export_weights(args: argparse.Namespace) -> int:
     from nasplat.core.rows import RESERVED
     from nasplat.storage.checkpoints import load_checkpoint
 
+    assert checkpoint.uri is not None  # latest_checkpoint finds only durable checkpoints: each has its uri
     exported = {"config": row.get("config"), "state_dict": load_checkpoint(checkpoint.uri),
                 "trial_id": checkpoint.trial_id, "step": checkpoint.step,
                 "metrics": {k: v for k, v in row.items() if k not in RESERVED}}
