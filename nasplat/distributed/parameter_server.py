@@ -120,7 +120,7 @@ class ParameterServer:
 
     async def _reach(self, sent: Generation) -> None:
         """Wait until rank 0 has initialised generation `sent`; a push from an older one is an error."""
-        generation: Generation = (sent[0], sent[1])  # a tuple again when it came through a pickle as a list
+        generation: Generation = (sent[0], sent[1])  # a tuple whatever sequence it came as: compared with tuples
         async with self.condition:
             await self.condition.wait_for(lambda: self.generation >= generation)
         if self.generation != generation:
