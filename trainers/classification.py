@@ -105,7 +105,7 @@ def _mnist1d_arrays() -> dict[str, np.ndarray]:
     arrays = {key: np.asarray(data[key]) for key in keys}
     try:
         cache.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(cache, lambda f: np.savez(f, **arrays))
+        write_atomic(cache, lambda f: np.savez(f, allow_pickle=True, **arrays))  # numpy's default, named for mypy
     except OSError:
         pass  # a read-only home only costs the time to build the data again
     return arrays
@@ -143,6 +143,7 @@ class ClassificationTrainer(Trainer):
     """
 
     dataset: str = "digits"
+    net: torch.nn.Module  # a `search_spaces.cnn` network here; a subclass may build another
 
     def setup(self, config: Config, ctx: WorkerContext) -> None:
         torch.set_num_threads(1)  # one trial = one worker on a one-CPU slot

@@ -16,6 +16,7 @@ of `search_spaces.nb201.connected_space`, the cut-off cells never trained or eva
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import ClassVar
 
 from nasplat.core.checks import check_int
 from nasplat.oneshot import DartsTrainer, PathTrainer, ProxyTrainer, Supernet, SupernetTrainer
@@ -39,7 +40,7 @@ class _NB201:
     standalone recipe a chosen cell is retrained with (`nasplat retrain`)."""
 
     RETRAIN_TRAINER = "trainers.nb201_cell:NB201CellTrainer"
-    SETTINGS = ("dataset", "channels", "cells_per_stage", "connected")
+    SETTINGS: ClassVar[tuple[str, ...]] = ("dataset", "channels", "cells_per_stage", "connected")
     """The keys that build the network and its data: a search's retrain is built with them (`nasplat retrain`)."""
 
     def load_data(self, config: Config) -> Splits:

@@ -33,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"nasplat {args.command}: interrupted", file=sys.stderr)
         return 130
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 (the command's boundary: any error is one line and exit code 2)
         if args.debug:
             traceback.print_exc()
         else:

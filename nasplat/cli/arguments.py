@@ -5,8 +5,16 @@ from __future__ import annotations
 import argparse
 from typing import NoReturn
 
-from nasplat.cli.commands import (EXPORT_FORMATS, cmd_export, cmd_report, cmd_resume, cmd_retrain, cmd_run,
-                                  cmd_serve, cmd_status)
+from nasplat.cli.commands import (
+    EXPORT_FORMATS,
+    cmd_export,
+    cmd_report,
+    cmd_resume,
+    cmd_retrain,
+    cmd_run,
+    cmd_serve,
+    cmd_status,
+)
 from nasplat.controllers import CONTROLLERS
 from nasplat.executors import DEFAULT_EXECUTOR, EXECUTORS
 from nasplat.integrations import CALLBACKS
@@ -36,7 +44,7 @@ def parser() -> argparse.ArgumentParser:
     """The `nasplat` argument parser: one subparser per command, each naming its `cmd_*` function."""
     top = _Parser(prog="nasplat", description="Population and architecture search on Ray.")
     top.add_argument("--debug", action="store_true", help="show the traceback of an error instead of one line")
-    debug = argparse.ArgumentParser(add_help=False)  # `--debug` also after the command; the default stays top's
+    debug = _Parser(add_help=False)  # `--debug` also after the command; the default stays top's
     debug.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     sub = top.add_subparsers(dest="command", required=True, parser_class=_Parser)
     run = sub.add_parser("run", parents=[debug], help="run an experiment file (YAML)", epilog=_run_epilog(),
@@ -95,6 +103,9 @@ def parser() -> argparse.ArgumentParser:
                         "step, metrics} for torch.load (default: the output's extension, else pt with --trial or "
                         "--step, else parquet; a --format the extension contradicts is refused)")
     export.add_argument("--force", action="store_true", help="replace the output if it exists (default: refuse)")
+    export.add_argument("--trust-pickle", action="store_true",
+                        help="with pt: load a checkpoint holding Python objects other than tensors, arrays and plain "
+                             "values, which runs code from the folder: only for folders you trust")
     export.set_defaults(func=cmd_export)
     report = sub.add_parser("report", parents=[debug],
                             help="write a self-contained HTML report (into the experiment folder by default)")

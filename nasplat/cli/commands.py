@@ -239,7 +239,9 @@ def _export_weights(args: argparse.Namespace) -> int:
     from nasplat.storage.checkpoints import load_checkpoint
 
     output = check_output(args.output or f"trial-{checkpoint.trial_id}-step-{checkpoint.step}.pt", force=args.force)
-    exported = {"config": row.get("config"), "state_dict": load_checkpoint(checkpoint.uri),
+    assert checkpoint.uri is not None  # latest_checkpoint finds only durable checkpoints: each has its uri
+    state = load_checkpoint(checkpoint.uri, allow_pickle=args.trust_pickle)
+    exported = {"config": row.get("config"), "state_dict": state,
                 "trial_id": checkpoint.trial_id, "step": checkpoint.step,
                 "metrics": {k: v for k, v in row.items() if k not in RESERVED}}
     write_output(output, lambda f: torch.save(exported, f), force=args.force)

@@ -114,9 +114,9 @@ def check_real(name: str, value: Any, *, minimum: float | None = None, maximum: 
         return None
     number = _as_float(value)
     bad = number is None or math.isnan(number) or (finite and not math.isfinite(number))
-    if not bad and minimum is not None:
+    if number is not None and not bad and minimum is not None:
         bad = number <= minimum if strict else number < minimum
-    if not bad and maximum is not None:
+    if number is not None and not bad and maximum is not None:
         bad = number >= maximum if strict_maximum else number > maximum
     if bad:
         kind = "a finite number" if finite else "a number"

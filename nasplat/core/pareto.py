@@ -125,8 +125,8 @@ def _as_points(points: Any) -> np.ndarray:
 
 def dominates(a: Sequence[float], b: Sequence[float]) -> bool:
     """Whether maximised point `a` dominates `b`: no worse anywhere, better somewhere."""
-    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
-    return bool(np.all(a >= b) and np.any(a > b))
+    first, second = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    return bool(np.all(first >= second) and np.any(first > second))
 
 
 def non_dominated_mask(points: Any) -> np.ndarray:

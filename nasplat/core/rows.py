@@ -27,7 +27,8 @@ class Status(str, Enum):
     def __str__(self) -> str:
         return self.value
 
-    __format__ = str.__format__
+    def __format__(self, format_spec: str) -> str:
+        return format(self.value, format_spec)
 
     @property
     def ended(self) -> bool:

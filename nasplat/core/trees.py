@@ -15,8 +15,8 @@ def map_leaves(value: Any, other: Any, leaf: Callable[[Any, Any], Any]) -> Any:
         others = other if isinstance(other, dict) else {}
         return type(value)((key, map_leaves(item, others.get(key), leaf)) for key, item in value.items())
     if isinstance(value, (list, tuple)) and not hasattr(value, "_fields"):
-        others = other if isinstance(other, (list, tuple)) and len(other) == len(value) else [None] * len(value)
-        items = [map_leaves(item, counterpart, leaf) for item, counterpart in zip(value, others, strict=True)]
+        counterparts = other if isinstance(other, (list, tuple)) and len(other) == len(value) else [None] * len(value)
+        items = [map_leaves(item, counterpart, leaf) for item, counterpart in zip(value, counterparts, strict=True)]
         return items if isinstance(value, list) else tuple(items)
     return leaf(value, other)
 

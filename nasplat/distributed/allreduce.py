@@ -46,7 +46,7 @@ def join_group(address: str, rank: int, world_size: int, device: torch.device, t
 class _DDP(DistributedDataParallel):
     """DDP whose `state_dict` is the wrapped module's, so states move between gangs of any size unchanged."""
 
-    def state_dict(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+    def state_dict(self, *args: Any, **kwargs: Any) -> Any:  # torch's overloads: a dict, or `destination`
         return self.module.state_dict(*args, **kwargs)
 
     def load_state_dict(self, state_dict: Any, strict: bool = True, assign: bool = False) -> Any:
@@ -65,7 +65,8 @@ class AllreduceBackend(Backend):
     def prepare(self, model: Any, optimizer: Any) -> tuple[Any, Any]:
         if not dist.is_initialized():
             raise RuntimeError("the allreduce backend needs the gang's process group; call Gang.ready() first")
-        device_ids = [self.device.index] if self.device.type == "cuda" else None
+        device = torch.device(self.device)
+        device_ids = [device.index] if device.type == "cuda" else None
         wrapped = _DDP(model, device_ids=device_ids,
                        find_unused_parameters=bool(self.options.get("find_unused_parameters", False)))
         return wrapped, optimizer

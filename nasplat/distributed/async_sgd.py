@@ -76,6 +76,14 @@ class AsyncBackend(Backend):
     def attach(self, servers: list[Any]) -> None:
         self.servers = list(servers)
 
+    @property
+    def prepared(self) -> AsyncOptimizer:
+        """The optimizer `prepare` made for this trial; an error before the trainer called `prepare`."""
+        if self.optimizer is None:
+            raise RuntimeError("the async backend has no optimizer yet; the trainer calls ctx.prepare(model, "
+                               "optimizer) in setup")
+        return self.optimizer
+
     def begin(self, epoch: int, *, new_trial: bool) -> None:
         super().begin(epoch, new_trial=new_trial)
         self.sub = 0
@@ -112,13 +120,13 @@ class AsyncBackend(Backend):
         """A new generation: rank 0 sends its parameters (and `state`) to the servers; every rank pulls them."""
         self.sub, self.clock = self.sub + 1, 0
         if self.rank == 0:
-            hparams = [hyperparameters(group) for group in self.optimizer.param_groups]
+            hparams = [hyperparameters(group) for group in self.prepared.param_groups]
             calls = []
             for server, indices in self.shards:
                 spec = {"generation": self.generation, "world_size": self.world_size, "indices": indices,
                         "groups": [self.group_of[i] for i in indices],
                         "shapes": [tuple(self.params[i].shape) for i in indices],
-                        "optimizer_cls": self.optimizer.optimizer_cls, "defaults": self.optimizer.defaults,
+                        "optimizer_cls": self.prepared.optimizer_cls, "defaults": self.prepared.defaults,
                         "hparams": hparams, "max_staleness": self.options["max_staleness"],
                         "snapshot_every": self.options["snapshot_every"]}
                 weights = torch.cat([self.params[i].detach().reshape(-1) for i in indices]).cpu().numpy()
@@ -132,7 +140,7 @@ class AsyncBackend(Backend):
     def push_pull(self) -> None:
         """One asynchronous update: push this rank's gradients, load the weights the servers answer with."""
         self.clock += 1
-        hparams = [hyperparameters(group) for group in self.optimizer.param_groups]
+        hparams = [hyperparameters(group) for group in self.prepared.param_groups]
         calls = []
         for shard, (server, indices) in enumerate(self.shards):
             grad = torch.cat([(self.params[i].grad if self.params[i].grad is not None
@@ -165,7 +173,7 @@ class AsyncBackend(Backend):
         for part in self._gather([(server, "state", ()) for server, _ in self.shards]):
             state.update(part)
         groups = [{**hyperparameters(group), "params": [i for i, g in enumerate(self.group_of) if g == index]}
-                  for index, group in enumerate(self.optimizer.param_groups)]
+                  for index, group in enumerate(self.prepared.param_groups)]
         return {"state": dict(sorted(state.items())), "param_groups": groups}
 
     def end_step(self) -> dict[str, float]:

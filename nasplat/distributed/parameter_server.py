@@ -15,11 +15,10 @@ in a script's `__main__`) is not restored and the trial's rank 0 initialises the
 from __future__ import annotations
 
 import asyncio
+import io
 import os
 import socket
 from typing import Any
-
-import io
 
 import numpy as np
 import torch
@@ -33,7 +32,7 @@ Generation = tuple[int, int]  # (gang epoch: one per launch/exploit, re-initiali
 
 def shard_parameters(sizes: list[int], num_servers: int) -> list[list[int]]:
     """Parameter indices per server, balancing element counts (largest first onto the least loaded server)."""
-    loads, shards = [0] * num_servers, [[] for _ in range(num_servers)]
+    loads, shards = [0] * num_servers, [list[int]() for _ in range(num_servers)]
     for index in sorted(range(len(sizes)), key=lambda i: (-sizes[i], i)):
         target = min(range(num_servers), key=lambda s: (loads[s], s))
         shards[target].append(index)
@@ -119,9 +118,9 @@ class ParameterServer:
         with torch.no_grad():
             return torch.cat([p.reshape(-1) for p in self.params]).numpy()
 
-    async def _reach(self, generation: Generation) -> None:
-        """Wait until rank 0 has initialised `generation`; a push from an older one is an error."""
-        generation = tuple(generation)
+    async def _reach(self, sent: Generation) -> None:
+        """Wait until rank 0 has initialised generation `sent`; a push from an older one is an error."""
+        generation: Generation = (sent[0], sent[1])  # a tuple whatever sequence it came as: compared with tuples
         async with self.condition:
             await self.condition.wait_for(lambda: self.generation >= generation)
         if self.generation != generation:

@@ -146,7 +146,7 @@ def retrain(folder: str | Path, *, trainer: Any = None, trial: int | None = None
     result = ExperimentResult.load(folder)
     home = Path(result.path or folder)
     searched = _searched(home, allow_pickle)
-    trial_id, row = _chosen_row(result, trial)
+    _, row = _chosen_row(result, trial)
     arch = _arch(row, result)
     if getattr(searched, "TRAINS_SUPERNET", False) and arch is None:
         raise ValueError(f"{result.location} trained a supernet ({searched.__name__}), it chose no architecture: "

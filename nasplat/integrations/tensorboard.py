@@ -82,6 +82,7 @@ class TensorBoardLogger(Listener):
             current[1].close()
         writer = SummaryWriter(log_dir=str(self.root(engine) / f"trial-{trial}"), purge_step=row["step"])
         _, session_start, _ = hparams({k: _hparam(v) for k, v in flatten(row["config"]).items()}, {})
+        assert writer.file_writer is not None  # SummaryWriter opens its file writer when made, None once closed
         writer.file_writer.add_summary(session_start)
         self._writers[trial] = (attempt, writer)
         return writer

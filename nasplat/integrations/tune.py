@@ -32,7 +32,9 @@ class TuneSearch(Searcher):
                 raise ValueError(f"Tune's {name}={theirs!r} differs from the nasplat controller's {name}={ours!r}")
         return True
 
-    def suggest(self, trial_id: str) -> dict[str, Any] | None:
+    # Ray annotates `suggest` as returning a dict or None, but its docstring and its own searchers return the
+    # string `Searcher.FINISHED` too: the override's wider return type is Ray's annotation being wrong.
+    def suggest(self, trial_id: str) -> dict[str, Any] | str | None:  # type: ignore[override]
         spec = self.controller.ask()
         if spec is None:
             return Searcher.FINISHED

@@ -122,6 +122,7 @@ class DartsTrainer(OneShotTrainer):
                    "warmup_epochs", "arch_data", "grad_clip", "path_seed")
     TRAINS_SUPERNET = True
     DEFAULT_EPOCHS = 20
+    epochs: int  # always set here (the base's is optional): the temperature and `done` count on it
 
     def setup(self, config: Config, ctx: WorkerContext) -> None:
         self.setup_common(config, ctx)

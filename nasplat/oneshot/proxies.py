@@ -102,6 +102,8 @@ def jacob_cov(model: nn.Module, x: torch.Tensor, y: torch.Tensor | None = None, 
     net = _copy(model, config).eval()  # batch norm by its running statistics: each output depends on its input only
     inputs = x.detach().clone().requires_grad_(True)
     net(inputs).sum().backward()
+    if inputs.grad is None:
+        raise ValueError("jacob_cov: the model's output does not depend on its input, so it has no Jacobian")
     jacobians = inputs.grad.reshape(len(x), -1).double()
     correlation = torch.nan_to_num(torch.corrcoef(jacobians))
     eigenvalues = torch.linalg.eigvalsh(correlation).clamp_min(0.0)

@@ -100,6 +100,7 @@ def _load(reference: SupernetReference) -> LoadedSupernet:
         checkpoint = latest_checkpoint(rows, home, trial, reference.step)
     except LookupError as exc:
         raise ValueError(f"{where}: {exc}") from None
+    assert checkpoint.uri is not None  # latest_checkpoint finds only durable checkpoints: each has its uri
     weights = SharedWeights(load_checkpoint(checkpoint.uri), checkpoint.uri)
     return LoadedSupernet(weights, dict(configs[-1]), reference.location, trial, checkpoint.step)
 

@@ -24,8 +24,13 @@ import torch
 
 from nasplat.core.checks import check_bool, check_int
 from nasplat.oneshot.proxies import PROXIES, score
-from nasplat.oneshot.reference import (REFERENCE_KEYS, LoadedSupernet, SupernetReference, check_weights_fit,
-                                       load_supernet)
+from nasplat.oneshot.reference import (
+    REFERENCE_KEYS,
+    LoadedSupernet,
+    SupernetReference,
+    check_weights_fit,
+    load_supernet,
+)
 from nasplat.oneshot.shared import SharedWeights, _from_ref  # noqa: F401 - _from_ref: pickles made before the move
 from nasplat.oneshot.supernet import Supernet, check_same_decisions
 from nasplat.oneshot.training import OneShotTrainer, evaluate_path
@@ -204,8 +209,8 @@ class ProxyFeatures:
         key = repr(sorted(path.items()))
         if key not in self.cache:
             if self.scorer is None:
-                self.scorer = start(self.trainer(), {**self.config, **path, "proxies": self.names},
-                                    WorkerContext(seed=0))
+                self.scorer = self.trainer()
+                start(self.scorer, {**self.config, **path, "proxies": self.names}, WorkerContext(seed=0))
             self.scorer.config = {**self.config, **path, "proxies": self.names}
             metrics = self.scorer.step()
             self.cache[key] = [float(metrics[name]) for name in self.names]

@@ -56,7 +56,7 @@ class SharedWeights:
 
             try:
                 self._arrays = ray.get(self.ref)
-            except Exception:  # noqa: BLE001 - the Ray session that held it ended (a resumed search)
+            except Exception:  # the Ray session that held it ended (a resumed search)
                 if self.source is None:
                     raise
                 self._arrays = SharedWeights.load(self.source)._arrays

@@ -27,12 +27,17 @@ from nasplat.trainer import Trainer, WorkerContext
 
 
 class Splits(Protocol):
-    """Data as `trainers.classification.Data` holds it: tensors `x_*` (n, channels, ...) and `y_*` (class indices)."""
+    """Data as `trainers.classification.Data` holds it: tensors `x_*` (n, channels, ...) and `y_*` (class indices),
+    read only (a frozen dataclass fits)."""
 
-    x_train: torch.Tensor
-    y_train: torch.Tensor
-    x_valid: torch.Tensor
-    y_valid: torch.Tensor
+    @property
+    def x_train(self) -> torch.Tensor: ...
+    @property
+    def y_train(self) -> torch.Tensor: ...
+    @property
+    def x_valid(self) -> torch.Tensor: ...
+    @property
+    def y_valid(self) -> torch.Tensor: ...
 
 
 BATCH_NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)

@@ -136,7 +136,7 @@ def _read_parquet(path: Path, columns: list[str], max_rows: int) -> pd.DataFrame
                  for g in range(meta.num_row_groups) for i in indices)
     table = parquet.read(columns=present) if stored <= limit else None
     size = stored if table is None else sum(_decoded_bytes(table.column(name)) for name in present)
-    if size > limit:
+    if table is None or size > limit:  # no table only when the stored size was over the limit
         raise ValueError(f"the ground truth {str(path)!r}: its columns {present} decompress to {size:,} bytes, "
                          f"more than the limit of {limit:,} ({BYTES_PER_ROW} bytes a row of --ground-truth-max-rows "
                          f"{max_rows:,})")

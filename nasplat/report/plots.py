@@ -10,18 +10,31 @@ from __future__ import annotations
 import io
 import re
 import threading
+from typing import cast
 
 import matplotlib
 import numpy as np
 import pandas as pd
 from matplotlib.collections import LineCollection
+from matplotlib.colors import ListedColormap
 from matplotlib.figure import Figure
 from matplotlib.text import Text
 
 from nasplat.core.checks import is_real
 
 RASTER_ABOVE = 1500  # marks per plot beyond which they are embedded as an image inside the SVG
-TOP_COLORS = matplotlib.colormaps["tab10"].colors
+RGB = tuple[float, float, float]
+
+
+def _palette(name: str) -> tuple[RGB, ...]:
+    """The colors of matplotlib's qualitative colormap `name` (`tab10`, `tab20`: a list of RGB triples)."""
+    colormap = matplotlib.colormaps[name]
+    if not isinstance(colormap, ListedColormap):
+        raise ValueError(f"colormap {name!r} is a {type(colormap).__name__}, not a list of colors")
+    return cast("tuple[RGB, ...]", colormap.colors)
+
+
+TOP_COLORS = _palette("tab10")
 GREY = "#b8bec6"
 # The page's stylesheet (the report inlines it: no external files).
 CSS = """
@@ -48,10 +61,10 @@ def to_svg(fig: Figure, name: str) -> str:
     with _RC_LOCK, matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": name}):
         buffer = io.StringIO()
         fig.savefig(buffer, format="svg", bbox_inches="tight", metadata={"Date": None})
-    text = buffer.getvalue()
-    text = re.sub(r"<metadata>.*?</metadata>\s*", "", text[text.index("<svg"):], count=1, flags=re.DOTALL)
-    text = re.sub(r'\s+xmlns(:xlink)?="[^"]*"', "", text)  # HTML parses inline SVG without namespace URLs
-    return text.replace("<svg ", f'<svg role="img" aria-label="{name}" class="plot" ', 1)
+    svg = buffer.getvalue()
+    svg = re.sub(r"<metadata>.*?</metadata>\s*", "", svg[svg.index("<svg"):], count=1, flags=re.DOTALL)
+    svg = re.sub(r'\s+xmlns(:xlink)?="[^"]*"', "", svg)  # HTML parses inline SVG without namespace URLs
+    return svg.replace("<svg ", f'<svg role="img" aria-label="{name}" class="plot" ', 1)
 
 
 def _figure(width: float, height: float, ncols: int = 1) -> tuple[Figure, list]:
@@ -150,7 +163,7 @@ def lineage(trials: pd.DataFrame, edges: pd.DataFrame, ancestry: list[int], metr
     ax.scatter(trials["trial_id"], trials["value"], s=7, color="#7f8a99", linewidths=0, zorder=3, rasterized=many)
     known = edges[edges["parent_id"].isin(value.index) & edges["trial_id"].isin(value.index)]
     kinds = known["changed"].value_counts().index.tolist()
-    palette = matplotlib.colormaps["tab10" if len(kinds) <= 10 else "tab20"].colors
+    palette = _palette("tab10" if len(kinds) <= 10 else "tab20")
     for i, kind in enumerate(kinds):
         part = known[known["changed"] == kind]
         segments = [[(p, value[p]), (c, value[c])] for p, c in zip(part["parent_id"], part["trial_id"])]

@@ -26,6 +26,7 @@ from nasplat.report.oneshot import MAX_GROUND_TRUTH_ROWS, oneshot_section
 from nasplat.report.output import write_page
 from nasplat.report.rungs import rungs_section
 from nasplat.storage import ROWS_FILE
+
 TOP_K = 10
 SECTIONS = {"summary": "Summary", "best-so-far": "Best so far", "pareto": "Pareto front",
             "learning-curves": "Learning curves", "pbt": "PBT schedules and exploits", "lineage": "Evolution lineage",

@@ -76,7 +76,7 @@ class LiveReport:
             return _page("nasplat report: waiting", body, script)
         try:
             page = render_report(self.folder)
-        except Exception:  # a half-written experiment must not take the server down; show why and retry
+        except Exception:  # noqa: BLE001 (a half-written experiment must not take the server down; show why, retry)
             body = f"<p>Could not build the report:</p><pre>{html.escape(traceback.format_exc())}</pre>"
             return _page("nasplat report: error", body, script)
         self._keep_copy(page)
@@ -153,7 +153,7 @@ def _handler(live: LiveReport) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         server: ReportServer
 
-        def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
+        def do_GET(self) -> None:  # http.server's naming
             path = self.path.split("?", 1)[0]
             refusal = self.server.host_check.refusal(self.headers.get("Host"))
             if refusal:
@@ -188,6 +188,12 @@ class ReportServer(ThreadingHTTPServer):
     background: threading.Thread | None = None
     host_check: HostCheck
 
+    @property
+    def bound_address(self) -> tuple[str, int]:
+        """The host and port the socket is bound to (an IPv6 socket's address has two more fields, left out)."""
+        host, port = self.server_address[:2]
+        return (host if isinstance(host, str) else bytes(host).decode()), int(port)
+
     def serve_forever(self, poll_interval: float = 0.5) -> None:
         if self.background is None or threading.current_thread() is self.background:
             super().serve_forever(poll_interval)
@@ -213,27 +219,27 @@ def serve(folder: str | Path, port: int = 0, host: str = "127.0.0.1",
         raise FileNotFoundError(f"experiment folder {folder} does not exist")
     check_int("port", port, minimum=0, maximum=65535, note="0: any free port")
     server = ReportServer((host, port), _handler(LiveReport(folder)))
-    bound_host, bound_port = server.server_address[:2]
+    bound_host, bound_port = server.bound_address
     try:
         server.host_check = HostCheck(bound_host, bound_port, host.lower(), tuple(allow_hosts))
     except ValueError:
         server.server_close()
         raise
     server.start(f"nasplat-serve-{folder.name}")
-    shown = "127.0.0.1" if bound_host in ("0.0.0.0", "") else ("[%s]" % bound_host if ":" in bound_host else bound_host)
+    shown = "127.0.0.1" if bound_host in ("0.0.0.0", "") else (f"[{bound_host}]" if ":" in bound_host else bound_host)
     return server, f"http://{shown}:{bound_port}/"
 
 
 def listen_address(server: ReportServer) -> str:
     """The `host:port` the server's socket is really bound to."""
-    host, port = server.server_address[:2]
+    host, port = server.bound_address
     return f"{host}:{port}"
 
 
 def is_loopback_only(server: ReportServer) -> bool:
     """Whether only this machine can connect: the socket is bound to a loopback address."""
     try:
-        return ipaddress.ip_address(server.server_address[0]).is_loopback
+        return ipaddress.ip_address(server.bound_address[0]).is_loopback
     except ValueError:  # a host name that did not resolve to a literal address
         return False
 
