@@ -148,7 +148,7 @@ class Counter(Trainer):
 
 
 def test_exploit_copies_the_donors_snapshot_without_waiting_for_its_running_step(ray_session, tmp_path):
-    from nasplat.executors.ray_executor import RayExecutor
+    from nasplat.executors.ray.executor import RayExecutor
 
     gate = tmp_path / "gate"  # the donor's third step cannot end before the test creates this file
     executor = RayExecutor(2)

@@ -1,7 +1,7 @@
 """One trial host: builds, steps, exploits and checkpoints the trainer of whichever trial runs now.
 
-`LocalExecutor` holds one per running trial; on Ray, each rank of a gang (`nasplat.executors.gang.Worker`) holds
-one for the gang's whole life. States move between hosts packed (`nasplat.executors.packing`): `load` copies a
+`LocalExecutor` holds one per running trial; on Ray, each rank of a gang (`nasplat.executors.ray.rank.RankActor`)
+holds one for the actor's whole life. States move between hosts packed (`nasplat.executors.packing`): `load` copies a
 packed state's tensors into the trainer's own, whatever the state came from (an exploit's donor, a kept parent, a
 retry's handle or a durable `Checkpoint`).
 """

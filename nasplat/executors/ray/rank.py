@@ -1,5 +1,5 @@
-"""One rank of a gang (`Worker`, a Ray actor): it hosts the trainer of whichever trial its gang runs now, and
-joins the gang's backend. `nasplat.executors.gang.Gang` makes and drives the actors."""
+"""One rank of a gang (`RankActor`, a Ray actor): it hosts the trainer of whichever trial its gang runs now, and
+joins the gang's backend. `nasplat.executors.ray.gang.Gang` makes and drives the actors."""
 
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ class TrialFailed(Exception):
         return TrialFailed, (self.args[0], self.saved)
 
 
-class Worker:
+class RankActor:
     """One rank of a gang: hosts the trainer of whichever trial the gang runs now (a `TrialHost`). Rank 0 writes
     the trial's checkpoints to `checkpoints` (a folder or URI; None: no checkpoints) with a writer thread."""
 

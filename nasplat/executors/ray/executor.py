@@ -15,7 +15,7 @@ import ray.cloudpickle
 
 from nasplat.core.checks import check_int
 from nasplat.executors.base import Executor, StepEvent
-from nasplat.executors.gang import Gang
+from nasplat.executors.ray.gang import Gang
 from nasplat.executors.saves import SaveTracker, StepOutcome
 from nasplat.space import Config
 from nasplat.storage import Storage

@@ -24,7 +24,7 @@ from nasplat.distributed.context import (
     check_backend,
     check_options,
 )
-from nasplat.executors.rank import Worker
+from nasplat.executors.ray.rank import RankActor
 from nasplat.space import Config
 from nasplat.storage import Storage, scratch_folder
 from nasplat.storage.checkpoints import Checkpoint
@@ -34,8 +34,8 @@ STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
 
 @functools.cache
 def _remote_worker() -> Any:
-    """The Worker as a Ray actor class, made once per process so Ray exports it once."""
-    return ray.remote(Worker)
+    """`RankActor` as a Ray actor class, made once per process so Ray exports it once."""
+    return ray.remote(RankActor)
 
 
 class Gang:
