@@ -15,6 +15,7 @@ import ray.cloudpickle
 
 from nasplat.core.checks import check_int
 from nasplat.executors.base import Executor, StepEvent
+from nasplat.executors.ray import park
 from nasplat.executors.ray.gang import Gang
 from nasplat.executors.saves import SaveTracker, StepOutcome
 from nasplat.space import Config
@@ -56,6 +57,9 @@ class RayExecutor(Executor):
     With `step_timeout_s`, a step call (a launch's setup and first step, a step, an exploit) that runs longer,
     counted from when its gang is up and done with the previous trial's saves, has the gang's actors killed and is
     reported as a failed step ("step timed out after N s"); the trial's next attempt gets a new gang.
+    At `close`, healthy one-rank gangs are parked for `park_s` seconds (`nasplat.executors.ray.park`; 0: killed at
+    once), and the next experiment of this driver that needs the same resources adopts them instead of starting
+    actors.
     """
 
     idle_release_s = 1.0
@@ -65,18 +69,21 @@ class RayExecutor(Executor):
     def __init__(self, concurrency: int | None = None, *, cpus_per_trial: float = 1.0, gpus_per_trial: float = 0.0,
                  workers: int = 1, backend: str = "allreduce", strategy: str = "PACK",
                  backend_options: dict[str, Any] | None = None, address: str | None = None,
-                 init_options: dict[str, Any] | None = None) -> None:
+                 init_options: dict[str, Any] | None = None, park_s: float = 10.0) -> None:
         if concurrency is not None:
             check_int("concurrency", concurrency, minimum=1, note="or None for the cluster's CPUs")
         if not cpus_per_trial > 0:
             raise ValueError(f"`cpus_per_trial` must be > 0, got {cpus_per_trial!r}")
+        if not park_s >= 0:
+            raise ValueError(f"`park_s` must be >= 0 (seconds idle gangs are kept after the run), got {park_s!r}")
         self.requested_concurrency = concurrency
         self.concurrency = concurrency or 1
         self.gang_options = dict(workers=workers, backend=backend, cpus_per_worker=cpus_per_trial,
                                  gpus_per_worker=gpus_per_trial, strategy=strategy)
         if backend_options:
             self.gang_options["backend_options"] = dict(backend_options)
-        self.address, self.init_options = address, dict(init_options or {})
+        self.address, self.init_options, self.park_s = address, dict(init_options or {}), park_s
+        self.park_key = repr(sorted(self.gang_options.items()))  # parked gangs made with these serve this executor
         self.idle: list[_Slot] = []
         self.kept: dict[int, Any] = {}
         self.busy: dict[int, _Slot] = {}
@@ -99,6 +106,22 @@ class RayExecutor(Executor):
             per_trial = self.gang_options["cpus_per_worker"] * self.gang_options["workers"]
             self.concurrency = max(1, int(cpus // per_trial))
         self.t0 = time.perf_counter()
+        self._adopt()
+
+    def _adopt(self) -> None:
+        """Take over parked gangs made with the same options (a one-rank gang only); kill every other parked gang,
+        which holds resources this experiment may need."""
+        gangs = park.adopt(self.park_key, self.concurrency if self.gang_options["workers"] == 1 else 0)
+        label = f"nasplat/{self.experiment}/gang"
+        bound = [(gang, gang.bind(self.trainer_cls, f"{label}-a{index}", self.checkpoints)[0])
+                 for index, gang in enumerate(gangs)]
+        for gang, ref in bound:
+            try:
+                node, pid = ray.get(ref)
+            except Exception:  # its actor died while parked, or cannot load this trainer class: start a fresh one
+                gang.kill()
+                continue
+            self.idle.append(_Slot(gang, node=node, pid=pid, up=self.now()))
 
     def reserve(self, slots: int) -> None:
         """Start gangs until `slots` are idle or busy, then wait for every idle one to be up."""
@@ -112,8 +135,16 @@ class RayExecutor(Executor):
         return time.perf_counter() - self.t0
 
     def close(self) -> None:
-        for slot in self.idle + list(self.busy.values()):
+        """Park the healthy idle one-rank gangs (see `park_s`); kill every other."""
+        parked = []
+        for slot in self.idle:
+            if self.park_s > 0 and slot.healthy and not slot.finishing and slot.gang.workers == 1:
+                parked.append(slot.gang)
+            else:
+                slot.gang.kill()
+        for slot in self.busy.values():  # a trial left running: its step may still run
             slot.gang.kill()
+        park.park(parked, self.park_key, self.park_s)
         self.idle, self.busy, self.inflight, self.kept, self.lost = [], {}, {}, {}, []
 
     def _new_slot(self) -> _Slot:

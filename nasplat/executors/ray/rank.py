@@ -57,6 +57,21 @@ class RankActor:
         self.group_uid, self.group_inits = "", 0
         self.store: Any = None  # rank 0: the process group's TCPStore, hosted from `rendezvous` on
 
+    def bind(self, trainer_cls: type, label: str, checkpoints: str | None) -> tuple[str, int]:
+        """Serve another experiment (a parked one-rank actor adopted): host `trainer_cls` trials, write checkpoints
+        to `checkpoints`; returns `info()`."""
+        from nasplat.executors.host import TrialHost
+
+        self.host.close()
+        self.trainer_cls, self.label, self.trial_id = trainer_cls, label, -1
+        self.host = TrialHost.for_storage(trainer_cls, checkpoints if self.rank == 0 else None)
+        return self.info()
+
+    def park(self) -> None:
+        """Drop the last trial's trainer (its memory) and finish the checkpoint writer: nothing runs until `bind`."""
+        self.host.close()
+        self.trial_id = -1
+
     def __repr__(self) -> str:  # the Ray dashboard and log prefixes show this
         # getattr: Ray also calls this when __init__ failed half-way, to name the actor in the error
         label, trial_id, rank = (getattr(self, k, "?") for k in ("label", "trial_id", "rank"))
