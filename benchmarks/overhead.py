@@ -53,23 +53,24 @@ class MemoryProbe:
     """A listener that notes, every `every` rows, the seconds since it was made and the driver's resident memory."""
 
     def __init__(self, every: int) -> None:
-        import psutil
-
-        self.process, self.every, self.rows = psutil.Process(), every, 0
+        self.every, self.rows = every, 0
         self.start = time.perf_counter()
         self.samples: list[tuple[int, float, float]] = []  # (rows, seconds, resident MB)
 
     def on_row(self, engine: Any, row: dict[str, Any]) -> None:
+        import psutil
+
         self.rows += 1
         if self.rows % self.every == 0:
-            mb = self.process.memory_info().rss / 2**20
+            mb = psutil.Process().memory_info().rss / 2**20
             self.samples.append((self.rows, round(time.perf_counter() - self.start, 3), round(mb, 1)))
 
 
-def run_nasplat(trials: int, storage: str, name: str, callbacks: list[Any] | None = None) -> float:
-    """Seconds for one nasplat experiment of `trials` no-op trials on `ray` (its rows checked on disk)."""
+def run_nasplat(trials: int, storage: str, name: str, callbacks: list[Any] | None = None,
+                executor: str = "ray") -> float:
+    """Seconds for one nasplat experiment of `trials` no-op trials on `executor` (its rows checked on disk)."""
     started = time.perf_counter()
-    result = nasplat.run(trainer=NoOp, space={"x": Float(0.0, 1.0)}, metric="score", executor="ray",
+    result = nasplat.run(trainer=NoOp, space={"x": Float(0.0, 1.0)}, metric="score", executor=executor,
                          concurrency=2, max_trials=trials, seed=0, storage=storage, name=name,
                          callbacks=callbacks or [])
     wall = time.perf_counter() - started
@@ -133,16 +134,19 @@ def part_tune(trials: int) -> dict[str, float]:
 
 
 def part_scale(trials: int, scale: int) -> dict[str, Any]:
-    """200 cold, 200 warm, then `scale` trials on the same warm Ray with the driver's memory sampled."""
+    """200 cold, 200 warm, then `scale` trials on the same warm Ray with the driver's memory sampled; then as many
+    on `local` (in the driver), whose memory growth is the engine's own (the rows it keeps for the result)."""
     ray.init(num_cpus=2)
-    probe = MemoryProbe(max(1, scale // 10))
+    probe, local = MemoryProbe(max(1, scale // 10)), MemoryProbe(max(1, scale // 10))
     with tempfile.TemporaryDirectory() as storage:
         cold = run_nasplat(trials, storage, "cold")
         warm = run_nasplat(trials, storage, "warm")
         probe.start = time.perf_counter()
         big = run_nasplat(scale, storage, "scale", callbacks=[probe])
+        local.start = time.perf_counter()
+        run_nasplat(scale, storage, "local", callbacks=[local], executor="local")
     ray.shutdown()
-    return {"cold_s": cold, "warm_s": warm, "scale_s": big, "samples": probe.samples}
+    return {"cold_s": cold, "warm_s": warm, "scale_s": big, "samples": probe.samples, "local": local.samples}
 
 
 def run_part(part: str, trials: int, scale: int) -> dict[str, Any]:
@@ -186,13 +190,18 @@ def main() -> None:
         big = run_part("scale", n, args.scale)
         print(f"  scale: {args.scale} trials on a warm Ray {args.scale / big['scale_s']:7.1f}/s "
               f"({big['scale_s']:.1f} s) against {n} warm {n / big['warm_s']:.1f}/s (cold {n / big['cold_s']:.1f}/s)")
-        print("  driver memory (trials, s, MB): " + ", ".join(f"({r}, {s:.1f}, {mb:.0f})" for r, s, mb in
-                                                               big["samples"]))
-        first, last = big["samples"][0], big["samples"][-1]
+        samples = big["samples"]
+        tenths = [(b[0] - a[0]) / (b[1] - a[1]) for a, b in zip([(0, 0.0, 0.0), *samples], samples)]
+        print("  trials/s in each tenth: " + ", ".join(f"{rate:.0f}" for rate in tenths))
+        print("  driver resident MB after each tenth: " + ", ".join(f"{mb:.0f}" for _, _, mb in samples))
+        first, last = samples[0], samples[-1]
         growth = (last[2] - first[2]) * 1024 / (last[0] - first[0])
-        print(f"  driver memory growth after the first tenth: {growth:.3f} KB a trial")
+        local = big["local"]
+        engine = (local[-1][2] - local[0][2]) * 1024 / (local[-1][0] - local[0][0])
+        print(f"  driver memory growth after the first tenth: {growth:.3f} KB a trial (the same trials on `local`: "
+              f"{engine:.3f} KB, the rows the engine keeps for the result)")
         rates.update(scale_trials_per_s=args.scale / big["scale_s"], scale_warm_per_s=n / big["warm_s"],
-                     scale_kb_per_trial=growth)
+                     scale_last_tenth_per_s=tenths[-1], scale_kb_per_trial=growth)
     print(json.dumps({key: round(value, 3 if key == "scale_kb_per_trial" else 1) for key, value in rates.items()}))
 
 

@@ -85,18 +85,24 @@ class TensorBoardLogger(Listener):
 
 
 _files = itertools.count()  # tells apart the files one process opens within one second; they sort in that order
+_HOST = socket.gethostname()
 
 
 class EventFile:
     """One TensorBoard event file (`events.out.tfevents.<time>.<host>.<pid>.<n>` in `folder`), written in this
-    thread. With `purge_step`, TensorBoard drops the steps from `purge_step` on that earlier files of the run hold."""
+    thread. With `purge_step`, TensorBoard drops the steps from `purge_step` on that earlier files of the run hold
+    (a new run's folder has none)."""
 
     def __init__(self, folder: Path, purge_step: int | None = None) -> None:
         from tensorboard.compat.proto.event_pb2 import Event, SessionLog
         from tensorboard.summary.writer.record_writer import RecordWriter
 
-        folder.mkdir(parents=True, exist_ok=True)
-        name = f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}.{os.getpid()}.{next(_files):06d}"
+        try:
+            folder.mkdir(parents=True)
+            purge_step = None  # nothing earlier to hide
+        except FileExistsError:
+            pass
+        name = f"events.out.tfevents.{int(time.time()):010d}.{_HOST}.{os.getpid()}.{next(_files):06d}"
         self.records = RecordWriter(open(folder / name, "wb"))
         self.event = Event
         self.write(Event(wall_time=time.time(), file_version="brain.Event:2"))
