@@ -36,7 +36,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from pbt_exploit import make_model, train_step  # noqa: E402
 
 from nasplat import Trainer  # noqa: E402
-from nasplat.executors.ray_executor import RayExecutor  # noqa: E402
+from nasplat.executors.ray.executor import RayExecutor  # noqa: E402
 from nasplat.storage import Storage  # noqa: E402
 
 WARMUP = 2  # step intervals left out: the first steps page memory in

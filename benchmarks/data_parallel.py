@@ -151,7 +151,7 @@ class Gangs:
         self.trials = 0
 
     def get(self, backend: str, workers: int) -> Any:
-        from nasplat.executors.gang import Gang
+        from nasplat.executors.ray.gang import Gang
 
         if (backend, workers) not in self.gangs:
             while self.device == "cuda" and sum(w for _, w in self.gangs) + workers > self.gpus:

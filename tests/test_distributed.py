@@ -21,7 +21,8 @@ from nasplat.distributed.async_sgd import AsyncBackend
 from nasplat.distributed.context import rank_seed
 from nasplat.distributed.gossip import ring_neighbours
 from nasplat.distributed.parameter_server import shard_parameters
-from nasplat.executors.gang import Gang, Worker
+from nasplat.executors.ray.gang import Gang
+from nasplat.executors.ray.rank import RankActor
 from nasplat.executors.packing import PackedTensor, pack, unpack
 from nasplat.trainer import Trainer, WorkerContext, start
 
@@ -410,4 +411,4 @@ def test_unpack_overwrites_the_receivers_matching_tensors_and_never_the_object_s
 
 def test_a_worker_whose_constructor_failed_still_has_a_name():
     """Ray names an actor by its repr, also in the error of a constructor that raised half-way."""
-    assert repr(Worker.__new__(Worker)) == "?/trial-?/rank-?"
+    assert repr(RankActor.__new__(RankActor)) == "?/trial-?/rank-?"

@@ -66,7 +66,7 @@ def make(request: pytest.FixtureRequest, tmp_path: Any) -> Callable[..., Executo
     def factory(*, storage: bool = True) -> Executor:
         if request.param == "ray":
             request.getfixturevalue("ray_session")
-            from nasplat.executors.ray_executor import RayExecutor
+            from nasplat.executors.ray.executor import RayExecutor
             executor: Executor = RayExecutor(concurrency=2, cpus_per_trial=1)
         else:
             executor = {"local": LocalExecutor, "processes": ProcessExecutor, "simulated": SimulatedExecutor}[

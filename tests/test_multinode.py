@@ -33,7 +33,7 @@ from ray.cluster_utils import Cluster
 
 import nasplat
 from nasplat import Float, Trainer
-from nasplat.executors.gang import Gang
+from nasplat.executors.ray.gang import Gang
 from nasplat.engine.result import read_rows
 
 class Where(Trainer):

@@ -28,7 +28,7 @@ HELPERS = PLACEMENT_DRIVER[:PLACEMENT_DRIVER.index("STORAGE, TRIALS, STEPS =")]
 DRIVER = HELPERS + """
 import torch
 
-from nasplat.executors.ray_executor import RayExecutor
+from nasplat.executors.ray.executor import RayExecutor
 from nasplat.storage import Storage
 
 class Counted(Trainer):

@@ -64,6 +64,9 @@ class LinearRegression(Trainer):
 
 
 def test_results_arrive_as_they_finish_on_reused_actors(ray_session):
+    # A first experiment leaves its two gangs parked, up: the second adopts both, so that how the trials are shared
+    # does not hang on when each actor finished starting (seconds apart on a loaded machine).
+    nasplat.run(trainer=Sleepy, space={"ms": Int(1, 2)}, metric="score", executor="ray", concurrency=2, max_trials=2)
     result = nasplat.run(trainer=Sleepy, space={"ms": Int(1, 120)}, metric="score", executor="ray", concurrency=2,
                          max_trials=12, seed=3)
     order = [r["trial_id"] for r in result.rows]
@@ -75,7 +78,8 @@ def test_results_arrive_as_they_finish_on_reused_actors(ray_session):
 
 
 class KillOnFirstRow:
-    """A listener that kills gang 0's actor when the first row arrives: both gangs are then mid-trial (step 1 of 3)."""
+    """A listener that kills trial 0's actor when the first row arrives: both gangs are then mid-trial (step 1 of
+    3). Its actor may have served an earlier experiment (a parked gang): it is found through the executor."""
 
     def __init__(self, name: str) -> None:
         self.name, self.killed_at = name, None
@@ -83,7 +87,7 @@ class KillOnFirstRow:
     def on_row(self, engine, row) -> None:
         if self.killed_at is None:
             self.killed_at = (row["trial_id"], row["step"])
-            ray.kill(ray.get_actor(f"nasplat/{self.name}/gang-0/rank-0"), no_restart=True)
+            ray.kill(engine.executor.busy[0].gang.actors[0], no_restart=True)
 
 
 @pytest.mark.parametrize("max_failures", [0, 1])
@@ -148,7 +152,7 @@ class Counter(Trainer):
 
 
 def test_exploit_copies_the_donors_snapshot_without_waiting_for_its_running_step(ray_session, tmp_path):
-    from nasplat.executors.ray_executor import RayExecutor
+    from nasplat.executors.ray.executor import RayExecutor
 
     gate = tmp_path / "gate"  # the donor's third step cannot end before the test creates this file
     executor = RayExecutor(2)
@@ -206,7 +210,7 @@ def test_sigkill_of_the_driver_then_resume_finishes_without_loss_or_duplicates(r
         time.sleep(0.05)
     driver.send_signal(signal.SIGKILL)
     driver.wait()
-    assert driver.returncode == -signal.SIGKILL
+    assert driver.returncode == -signal.SIGKILL, driver.stderr.read().decode()[-3000:]
     before = ExperimentResult.load(tmp_path / "exp").rows
     assert 30 <= len(before) < 96
     resumed = nasplat.resume(tmp_path / "exp", allow_pickle=True)  # its trainer lives in the driver script
@@ -267,3 +271,75 @@ def test_evolution_children_inherit_their_parents_state_on_ray(ray_session):
                          controller_options={"population_size": 4, "sample_size": 2, "inherit_weights": True})
     check_inheritance(result.dataframe(), inherit=True)
     assert result.dataframe().pid.nunique() == 2  # the states travelled between the two reused actors
+
+
+class Pid(Trainer):
+    """Reports its actor's pid and the trainer class's name."""
+
+    def setup(self, config, ctx):
+        pass
+
+    def step(self):
+        return {"score": 1.0, "actor_pid": os.getpid(), "named": type(self).__name__ == "Pid"}
+
+
+class OtherPid(Pid):
+    pass
+
+
+def test_a_second_experiment_adopts_the_first_ones_parked_actors(ray_session):
+    from nasplat.executors.ray import park
+    from nasplat.executors.ray.executor import RayExecutor
+
+    def pids(trainer, executor, name):
+        result = nasplat.run(trainer=trainer, space={"x": Float(0.0, 1.0)}, metric="score", executor=executor,
+                             max_trials=6, name=name)
+        assert result.counts() == {"completed": 6}
+        return {r["actor_pid"] for r in result.rows}, {r["named"] for r in result.rows}
+
+    park.release_parked()  # gangs an earlier test parked
+    first = RayExecutor(2)
+    first_pids, _ = pids(Pid, first, "park-1")
+    assert len(first_pids) == 2 and park.parked_count() == 2 and first.gangs_started == 2
+    # the same resources, another trainer class: the parked actors serve it, none is started
+    second = RayExecutor(2)
+    second_pids, named = pids(OtherPid, second, "park-2")
+    assert second_pids == first_pids and named == {False} and second.gangs_started == 0
+    # other resources: the parked ones are killed (they hold CPUs), fresh ones start; park_s=0 parks none
+    third = RayExecutor(2, cpus_per_trial=0.5, park_s=0)
+    third_pids, _ = pids(Pid, third, "park-3")
+    assert not third_pids & first_pids and third.gangs_started == 2 and park.parked_count() == 0
+    assert every_cpu_freed()  # every actor is gone
+
+
+def every_cpu_freed(within_s: float = 30) -> bool:
+    """Whether every CPU of the cluster is free again within `within_s` (a kill reaches Ray's view shortly after)."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline and ray.available_resources().get("CPU") != ray.cluster_resources()["CPU"]:
+        time.sleep(0.05)
+    return ray.available_resources().get("CPU") == ray.cluster_resources()["CPU"]
+
+
+def test_parked_actors_are_released_after_park_s(ray_session):
+    from nasplat.executors.ray import park
+    from nasplat.executors.ray.executor import RayExecutor
+
+    nasplat.run(trainer=Pid, space={"x": Float(0.0, 1.0)}, metric="score", executor=RayExecutor(2, park_s=3),
+                max_trials=2, name="park-timer")
+    assert park.parked_count() == 2  # for 3 s from the run's end
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and park.parked_count():
+        time.sleep(0.05)
+    assert park.parked_count() == 0 and every_cpu_freed()
+
+
+def test_a_rank_whose_trials_never_save_never_imports_torch(tmp_path):
+    code = ("import sys\nfrom nasplat.executors.ray.rank import RankActor\nfrom nasplat import Trainer\n"
+            "class T(Trainer):\n    def setup(self, config, ctx): self.t = 0\n"
+            "    def step(self): self.t += 1; return {'t': self.t}\n    def state_dict(self): return {'t': self.t}\n"
+            f"rank = RankActor(T, 0, 1, 'x', checkpoints={str(tmp_path)!r})\n"
+            "rank.launch(0, {}, 0)\nrank.step()\nassert 'torch' not in sys.modules\n"
+            "rank.step(save=2)\nassert 'torch' in sys.modules\nprint(rank.finish())")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "step=2" in done.stdout and (tmp_path / "trial-0" / "step-2").is_dir()

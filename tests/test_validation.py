@@ -227,7 +227,7 @@ def test_every_plugin_kind_is_one_registry_and_the_run_help_lists_every_name(cap
 
 def test_naming_an_executor_imports_only_that_one() -> None:
     code = ("import sys, nasplat\nfrom nasplat.executors import EXECUTORS\nassert 'ray' in EXECUTORS\n"
-            "EXECUTORS.lookup('local')\nloaded = [m for m in ('nasplat.executors.ray_executor', 'ray') if m in "
+            "EXECUTORS.lookup('local')\nloaded = [m for m in ('nasplat.executors.ray.executor', 'ray') if m in "
             "sys.modules]\nassert not loaded, loaded\nassert EXECUTORS['ray'].__name__ == 'RayExecutor'")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr

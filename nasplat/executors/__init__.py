@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 
 # name -> executor class, in the order the help and the error messages list them
 EXECUTORS: Registry[type[Executor]] = Registry("executor", {
-    "ray": "nasplat.executors.ray_executor:RayExecutor",
+    "ray": "nasplat.executors.ray.executor:RayExecutor",
     "local": "nasplat.executors.local:LocalExecutor",
     "processes": "nasplat.executors.processes:ProcessExecutor",
     "simulated": "nasplat.executors.simulated:SimulatedExecutor",

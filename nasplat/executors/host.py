@@ -1,14 +1,14 @@
 """One trial host: builds, steps, exploits and checkpoints the trainer of whichever trial runs now.
 
-`LocalExecutor` holds one per running trial; on Ray, each rank of a gang (`nasplat.executors.gang.Worker`) holds
-one for the gang's whole life. States move between hosts packed (`nasplat.executors.packing`): `load` copies a
+`LocalExecutor` holds one per running trial; on Ray, each rank of a gang (`nasplat.executors.ray.rank.RankActor`)
+holds one for the actor's whole life. States move between hosts packed (`nasplat.executors.packing`): `load` copies a
 packed state's tensors into the trainer's own, whatever the state came from (an exploit's donor, a kept parent, a
 retry's handle or a durable `Checkpoint`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from nasplat.core.trees import copy_state
@@ -20,20 +20,24 @@ from nasplat.trainer import Trainer, WorkerContext, start
 
 
 class TrialHost:
-    """Hosts trainers of `trainer_cls`, one trial at a time. With `writer`, `save` checkpoints the trainer's state
-    there (the copy on the caller's thread, the write by the writer's)."""
+    """Hosts trainers of `trainer_cls`, one trial at a time. With `writer` (or `new_writer`, which makes one at the
+    first save), `save` checkpoints the trainer's state there (the copy on the caller's thread, the write by the
+    writer's)."""
 
-    def __init__(self, trainer_cls: type, writer: CheckpointWriter | None = None) -> None:
-        self.trainer_cls, self.writer = trainer_cls, writer
+    def __init__(self, trainer_cls: type, writer: CheckpointWriter | None = None,
+                 new_writer: Callable[[], CheckpointWriter] | None = None) -> None:
+        self.trainer_cls, self.writer, self.new_writer = trainer_cls, writer, new_writer
         self.trainer: Trainer | None = None
         self.trial_id = -1
         self.spare: list[Any] = []  # copies the writer is done with: the next save copies into one
 
     @classmethod
     def for_storage(cls, trainer_cls: type, checkpoints: str | None, *, background: bool = True) -> TrialHost:
-        """A host whose checkpoints go to the folder or URI `checkpoints` (None: no checkpoints)."""
-        writer = CheckpointWriter(Storage(checkpoints), background=background) if checkpoints else None
-        return cls(trainer_cls, writer)
+        """A host whose checkpoints go to the folder or URI `checkpoints` (None: no checkpoints). Its writer (with
+        the torch it imports and its thread) is made at the first save: a trial that never saves pays nothing."""
+        if not checkpoints:
+            return cls(trainer_cls)
+        return cls(trainer_cls, new_writer=lambda: CheckpointWriter(Storage(checkpoints), background=background))
 
     @property
     def config(self) -> Config:
@@ -89,6 +93,8 @@ class TrialHost:
     def save(self, step: int) -> None:
         """Checkpoint the trainer's current state as its step `step`: copy it now (into the memory of an earlier
         copy where one is free), write it in the background."""
+        if self.writer is None and self.new_writer is not None:
+            self.writer = self.new_writer()
         if self.writer is None:
             raise RuntimeError("this executor was opened without checkpoint storage; a save needs one")
         assert self.trainer is not None, "no trial is hosted"

@@ -12,7 +12,6 @@ from typing import Any
 
 from ray.util import metrics
 
-from nasplat.core.rows import Status
 from nasplat.engine.listener import Listener
 
 
@@ -38,9 +37,13 @@ class RayMetrics(Listener):
     def on_row(self, engine: Any, row: dict[str, Any]) -> None:
         self._steps_pending += 1
         now = time.monotonic()
-        if now - self._last >= self.interval_s or row["status"] != Status.RUNNING:
+        if now - self._last >= self.interval_s:  # counting the trials' states walks every trial: not every row
             self.publish(engine)
             self._last = now
+
+    def on_end(self, engine: Any) -> None:
+        """The final figures, however soon after the last publication."""
+        self.publish(engine)
 
     def publish(self, engine: Any) -> None:
         if not self._made:

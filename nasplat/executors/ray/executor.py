@@ -3,47 +3,22 @@
 from __future__ import annotations
 
 import os
-import sys
 import time
 import traceback
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import ray
-import ray.cloudpickle
 
 from nasplat.core.checks import check_int
 from nasplat.executors.base import Executor, StepEvent
-from nasplat.executors.gang import Gang
+from nasplat.executors.ray import park
+from nasplat.executors.ray.gang import Gang
+from nasplat.executors.ray.slots import Call, Slot, ship_by_value
 from nasplat.executors.saves import SaveTracker, StepOutcome
 from nasplat.space import Config
 from nasplat.storage import Storage
 from nasplat.storage.checkpoints import Checkpoint
-
-
-@dataclass
-class _Slot:
-    gang: Gang
-    info: ray.ObjectRef | None = None
-    node: str = ""
-    pid: int = 0
-    healthy: bool = True
-    snapshot: ray.ObjectRef | None = None  # the running trial's latest state snapshot
-    finishing: int = 0  # calls in flight that report an ended trial's saves (an idle gang still busy writing)
-    up: float | None = None  # when (executor clock) its actors were seen up: a step is timed from then on
-
-
-@dataclass
-class _Call:
-    """A call in flight on a gang: a step (launch, step, exploit) or, at a trial's end, its outstanding saves."""
-
-    trial_id: int
-    refs: list[ray.ObjectRef]
-    start: float
-    slot: _Slot
-    saves_only: bool = False
-    deadline: float | None = None  # when its step times out (executor clock; counted once its gang is up and free)
 
 
 class RayExecutor(Executor):
@@ -56,6 +31,9 @@ class RayExecutor(Executor):
     With `step_timeout_s`, a step call (a launch's setup and first step, a step, an exploit) that runs longer,
     counted from when its gang is up and done with the previous trial's saves, has the gang's actors killed and is
     reported as a failed step ("step timed out after N s"); the trial's next attempt gets a new gang.
+    At `close`, healthy one-rank gangs are parked for `park_s` seconds (`nasplat.executors.ray.park`; 0: killed at
+    once), and the next experiment of this driver that needs the same resources adopts them instead of starting
+    actors.
     """
 
     idle_release_s = 1.0
@@ -65,22 +43,25 @@ class RayExecutor(Executor):
     def __init__(self, concurrency: int | None = None, *, cpus_per_trial: float = 1.0, gpus_per_trial: float = 0.0,
                  workers: int = 1, backend: str = "allreduce", strategy: str = "PACK",
                  backend_options: dict[str, Any] | None = None, address: str | None = None,
-                 init_options: dict[str, Any] | None = None) -> None:
+                 init_options: dict[str, Any] | None = None, park_s: float = 10.0) -> None:
         if concurrency is not None:
             check_int("concurrency", concurrency, minimum=1, note="or None for the cluster's CPUs")
         if not cpus_per_trial > 0:
             raise ValueError(f"`cpus_per_trial` must be > 0, got {cpus_per_trial!r}")
+        if not park_s >= 0:
+            raise ValueError(f"`park_s` must be >= 0 (seconds idle gangs are kept after the run), got {park_s!r}")
         self.requested_concurrency = concurrency
         self.concurrency = concurrency or 1
         self.gang_options = dict(workers=workers, backend=backend, cpus_per_worker=cpus_per_trial,
                                  gpus_per_worker=gpus_per_trial, strategy=strategy)
         if backend_options:
             self.gang_options["backend_options"] = dict(backend_options)
-        self.address, self.init_options = address, dict(init_options or {})
-        self.idle: list[_Slot] = []
+        self.address, self.init_options, self.park_s = address, dict(init_options or {}), park_s
+        self.park_key = repr(sorted(self.gang_options.items()))  # parked gangs made with these serve this executor
+        self.idle: list[Slot] = []
         self.kept: dict[int, Any] = {}
-        self.busy: dict[int, _Slot] = {}
-        self.inflight: dict[ray.ObjectRef, _Call] = {}
+        self.busy: dict[int, Slot] = {}
+        self.inflight: dict[ray.ObjectRef, Call] = {}
         self.saves = SaveTracker()  # saves requested and not yet reported
         self.lost: list[StepEvent] = []  # saves that died with their worker, reported by the next `wait`
         self.checkpoints: str | None = None
@@ -91,7 +72,7 @@ class RayExecutor(Executor):
         if not ray.is_initialized():
             address = self.address or os.environ.get("RAY_ADDRESS")
             ray.init(address=address, **self.init_options)
-        _ship_by_value(trainer)
+        ship_by_value(trainer)
         self.trainer_cls, self.experiment = trainer, experiment
         self.checkpoints = checkpoints.location if checkpoints is not None else None  # workers write there
         if self.requested_concurrency is None:
@@ -99,6 +80,22 @@ class RayExecutor(Executor):
             per_trial = self.gang_options["cpus_per_worker"] * self.gang_options["workers"]
             self.concurrency = max(1, int(cpus // per_trial))
         self.t0 = time.perf_counter()
+        self._adopt()
+
+    def _adopt(self) -> None:
+        """Take over parked gangs made with the same options (a one-rank gang only); kill every other parked gang,
+        which holds resources this experiment may need."""
+        gangs = park.adopt(self.park_key, self.concurrency if self.gang_options["workers"] == 1 else 0)
+        label = f"nasplat/{self.experiment}/gang"
+        bound = [(gang, gang.bind(self.trainer_cls, f"{label}-a{index}", self.checkpoints)[0])
+                 for index, gang in enumerate(gangs)]
+        for gang, ref in bound:
+            try:
+                node, pid = ray.get(ref)
+            except Exception:  # its actor died while parked, or cannot load this trainer class: start a fresh one
+                gang.kill()
+                continue
+            self.idle.append(Slot(gang, node=node, pid=pid, up=self.now()))
 
     def reserve(self, slots: int) -> None:
         """Start gangs until `slots` are idle or busy, then wait for every idle one to be up."""
@@ -112,15 +109,23 @@ class RayExecutor(Executor):
         return time.perf_counter() - self.t0
 
     def close(self) -> None:
-        for slot in self.idle + list(self.busy.values()):
+        """Park the healthy idle one-rank gangs (see `park_s`); kill every other."""
+        parked = []
+        for slot in self.idle:
+            if self.park_s > 0 and slot.healthy and not slot.finishing and slot.gang.workers == 1:
+                parked.append(slot.gang)
+            else:
+                slot.gang.kill()
+        for slot in self.busy.values():  # a trial left running: its step may still run
             slot.gang.kill()
+        park.park(parked, self.park_key, self.park_s)
         self.idle, self.busy, self.inflight, self.kept, self.lost = [], {}, {}, {}, []
 
-    def _new_slot(self) -> _Slot:
+    def _new_slot(self) -> Slot:
         label = f"nasplat/{self.experiment}/gang-{self.gangs_started}"
         self.gangs_started += 1
         gang = Gang(self.trainer_cls, label=label, checkpoints=self.checkpoints, **self.gang_options)
-        return _Slot(gang, info=gang.actors[0].info.remote())
+        return Slot(gang, info=gang.actors[0].info.remote())
 
     # -- trials ------------------------------------------------------------------------------------
     def launch(self, trial_id: int, config: Config, seed: int, state: Any = None, inherit: bool = False) -> None:
@@ -170,10 +175,10 @@ class RayExecutor(Executor):
             self._lose_saves(trial_id, "the trial's worker failed before it confirmed the write", slot)
             slot.gang.kill()
 
-    def _finish(self, trial_id: int, slot: _Slot, save: int | None) -> None:
+    def _finish(self, trial_id: int, slot: Slot, save: int | None) -> None:
         refs = slot.gang.finish(save)
         slot.finishing += 1
-        self.inflight[refs[0]] = _Call(trial_id, refs, self.now(), slot, saves_only=True)
+        self.inflight[refs[0]] = Call(trial_id, refs, self.now(), slot, saves_only=True)
 
     def _request(self, trial_id: int, save: int | None) -> None:
         if save is not None:
@@ -181,13 +186,13 @@ class RayExecutor(Executor):
                 raise RuntimeError("a save was requested from an executor opened without checkpoint storage")
             self.saves.request(trial_id, save)
 
-    def _lose_saves(self, trial_id: int, reason: str, slot: _Slot) -> None:
+    def _lose_saves(self, trial_id: int, reason: str, slot: Slot) -> None:
         """Report the trial's unconfirmed saves as failed (their worker is gone; a manifest may still exist)."""
         if lost := self.saves.lose(trial_id, reason):
             self.lost.append(StepEvent(trial_id, None, None, now := self.now(), now, slot.node, slot.pid, lost))
 
-    def _track(self, trial_id: int, slot: _Slot, refs: list[ray.ObjectRef]) -> None:
-        call = self.inflight[refs[0]] = _Call(trial_id, refs, self.now(), slot)
+    def _track(self, trial_id: int, slot: Slot, refs: list[ray.ObjectRef]) -> None:
+        call = self.inflight[refs[0]] = Call(trial_id, refs, self.now(), slot)
         if self.step_timeout_s is not None and slot.up is not None and not slot.finishing:
             call.deadline = call.start + self.step_timeout_s
 
@@ -248,7 +253,7 @@ class RayExecutor(Executor):
                          "gang's actors were killed", call.start, self.now(), call.slot.node, call.slot.pid,
                          self.saves.lose(call.trial_id, reason))
 
-    def _abandon(self, slot: _Slot, reason: str, keep: int | None = None) -> None:
+    def _abandon(self, slot: Slot, reason: str, keep: int | None = None) -> None:
         """Kill `slot`'s gang with its calls in flight; their trials' saves are lost (reported by the next `wait`),
         but those of trial `keep`, which the caller reports."""
         for ref in [r for r, c in self.inflight.items() if c.slot is slot]:
@@ -288,14 +293,3 @@ class RayExecutor(Executor):
             slot.up = self.now() if slot.up is None else slot.up
         return StepEvent(call.trial_id, metrics, error, call.start, self.now(), slot.node, slot.pid,
                          self.saves.report(saved))
-
-
-def _ship_by_value(trainer: type) -> None:
-    """Send the trainer's module with the class when workers may not import it (scripts, sys.path hacks)."""
-    module = sys.modules.get(trainer.__module__)
-    path = getattr(module, "__file__", None) or ""
-    if module is None or module.__name__ == "__main__" or "site-packages" in path:
-        return
-    if module.__name__.split(".")[0] in ("nasplat", "search_spaces", "trainers"):
-        return
-    ray.cloudpickle.register_pickle_by_value(module)

@@ -1,5 +1,5 @@
-"""One rank of a gang (`Worker`, a Ray actor): it hosts the trainer of whichever trial its gang runs now, and
-joins the gang's backend. `nasplat.executors.gang.Gang` makes and drives the actors."""
+"""One rank of a gang (`RankActor`, a Ray actor): it hosts the trainer of whichever trial its gang runs now, and
+joins the gang's backend. `nasplat.executors.ray.gang.Gang` makes and drives the actors."""
 
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ class TrialFailed(Exception):
         return TrialFailed, (self.args[0], self.saved)
 
 
-class Worker:
+class RankActor:
     """One rank of a gang: hosts the trainer of whichever trial the gang runs now (a `TrialHost`). Rank 0 writes
     the trial's checkpoints to `checkpoints` (a folder or URI; None: no checkpoints) with a writer thread."""
 
@@ -56,6 +56,21 @@ class Worker:
         self.trial_id = -1
         self.group_uid, self.group_inits = "", 0
         self.store: Any = None  # rank 0: the process group's TCPStore, hosted from `rendezvous` on
+
+    def bind(self, trainer_cls: type, label: str, checkpoints: str | None) -> tuple[str, int]:
+        """Serve another experiment (a parked one-rank actor adopted): host `trainer_cls` trials, write checkpoints
+        to `checkpoints`; returns `info()`."""
+        from nasplat.executors.host import TrialHost
+
+        self.host.close()
+        self.trainer_cls, self.label, self.trial_id = trainer_cls, label, -1
+        self.host = TrialHost.for_storage(trainer_cls, checkpoints if self.rank == 0 else None)
+        return self.info()
+
+    def park(self) -> None:
+        """Drop the last trial's trainer (its memory) and finish the checkpoint writer: nothing runs until `bind`."""
+        self.host.close()
+        self.trial_id = -1
 
     def __repr__(self) -> str:  # the Ray dashboard and log prefixes show this
         # getattr: Ray also calls this when __init__ failed half-way, to name the actor in the error

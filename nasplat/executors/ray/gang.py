@@ -24,7 +24,7 @@ from nasplat.distributed.context import (
     check_backend,
     check_options,
 )
-from nasplat.executors.rank import Worker
+from nasplat.executors.ray.rank import RankActor
 from nasplat.space import Config
 from nasplat.storage import Storage, scratch_folder
 from nasplat.storage.checkpoints import Checkpoint
@@ -34,8 +34,8 @@ STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
 
 @functools.cache
 def _remote_worker() -> Any:
-    """The Worker as a Ray actor class, made once per process so Ray exports it once."""
-    return ray.remote(Worker)
+    """`RankActor` as a Ray actor class, made once per process so Ray exports it once."""
+    return ray.remote(RankActor)
 
 
 class Gang:
@@ -69,7 +69,7 @@ class Gang:
             self.group = placement_group([dict(bundle)] * workers, strategy=strategy)
         try:
             self.actors = [
-                actor.options(num_cpus=cpus_per_worker, num_gpus=gpus_per_worker, name=f"{label}/rank-{rank}",
+                actor.options(num_cpus=cpus_per_worker, num_gpus=gpus_per_worker,
                               scheduling_strategy=self._placement(rank)).remote(
                     trainer_cls, rank, workers, label, backend, self.options, self.device,
                     max(1, int(cpus_per_worker)), checkpoints)
@@ -162,6 +162,19 @@ class Gang:
     def state(self) -> ray.ObjectRef:
         """Rank 0's trainer state in the object store, packed (`nasplat.executors.packing.unpack` reads it)."""
         return self.actors[0].state.remote()
+
+    def bind(self, trainer_cls: type, label: str, checkpoints: str | None) -> list[ray.ObjectRef]:
+        """Serve another experiment: every rank hosts `trainer_cls` trials from now on and rank 0 writes their
+        checkpoints to `checkpoints`; one reference per rank to its `(host, pid)`. The gang's next trial pays no
+        set-up."""
+        self.label, self.checkpoints = label, checkpoints
+        self.launches = max(self.launches, 1)
+        return [a.bind.remote(trainer_cls, label, checkpoints) for a in self.actors]
+
+    def park(self) -> None:
+        """Every rank drops its trainer and ends its checkpoint writer (not waited for; later calls queue after)."""
+        for actor in self.actors:
+            actor.park.remote()
 
     def identity(self) -> list[dict[str, Any]]:
         """Per rank: pid, process-group uid, how many times it joined a group, the group object's id."""
