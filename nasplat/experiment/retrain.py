@@ -28,7 +28,6 @@ from nasplat.core.checks import check_int
 from nasplat.core.rows import Status
 from nasplat.engine.result import ExperimentResult
 from nasplat.experiment.run import run, storage_location
-from nasplat.oneshot.reference import REFERENCE_KEYS
 from nasplat.storage import ROWS_FILE, is_uri, read_rows, read_spec
 from nasplat.trainer import Trainer, WorkerContext, resolve, start
 
@@ -97,6 +96,8 @@ def _searched(folder: Path, allow_pickle: bool) -> Any:
 def retrain_config(searched: Any, row: Mapping[str, Any], arch: Mapping[str, Any] | None) -> dict[str, Any]:
     """The retrain's config from the chosen row: the settings of the stages before it (the supernet's under the
     search trial's, only the search trainer's `SETTINGS` where it declares them), then the chosen decisions."""
+    from nasplat.oneshot.reference import REFERENCE_KEYS  # here: nasplat.oneshot imports torch, `nasplat` must not
+
     supernet = row.get("supernet_config")
     settings = {**(json.loads(supernet) if isinstance(supernet, str) else {}), **row["config"]}
     declared = getattr(searched, "SETTINGS", None)
