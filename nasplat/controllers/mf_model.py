@@ -32,7 +32,8 @@ class ModelBasedMultiFidelity(Controller):
 
     1. fits a Gaussian process (scikit-learn's, Matern 5/2 with one length scale per input, plus white noise) to
        the maximised scores over the config's encoding and log(step); the kernel's hyperparameters are fitted
-       again (from their last values) after every `refit_every` new observations, and kept in between. At most
+       again (from their last values) once `refit_every` new observations, and a quarter more than at the last
+       fit, have arrived (so about logarithmically often), and kept in between. At most
        `max_points` observations train it, the highest fidelities first (then the latest): the cost of an `ask`
        stays bounded however long the search;
     2. conditions it on the trials still running without an observation (their configs at the target fidelity,
@@ -47,7 +48,7 @@ class ModelBasedMultiFidelity(Controller):
     """
 
     def __init__(self, space: Space | Mapping[str, Any], *, initial_samples: int = 10, max_steps: int | None = None,
-                 max_points: int = 256, refit_every: int = 10, pool_size: int = 500, num_parents: int = 3,
+                 max_points: int = 128, refit_every: int = 10, pool_size: int = 500, num_parents: int = 3,
                  mutations: int = 20, random_fraction: float = 0.0, **kwargs: Any) -> None:
         super().__init__(space, **kwargs)
         for name, value, low in (("initial_samples", initial_samples, 1), ("max_points", max_points, 2),
@@ -162,14 +163,15 @@ class ModelBasedMultiFidelity(Controller):
 
     def _fit(self) -> tuple[Any, int, list[int]]:
         """The model conditioned on the observations and on the pending trials' believed scores (its
-        hyperparameters fitted again where `refit_every` new observations arrived since the last fit), the
+        hyperparameters fitted again when due), the
         target fidelity, and the trials it was trained on."""
         from sklearn.gaussian_process import GaussianProcessRegressor
         from sklearn.gaussian_process.kernels import ConstantKernel, Matern, WhiteKernel
 
         inputs, scores, trained = self.training_set()
         target = self.target()
-        refit = self.kernel is None or len(self.observed) - self.fitted_at >= self.refit_every
+        refit = self.kernel is None or len(self.observed) - self.fitted_at >= max(self.refit_every,
+                                                                                 self.fitted_at // 4)
         if self.kernel is None:
             self.kernel = (ConstantKernel(1.0, (1e-2, 1e2)) * Matern(np.ones(inputs.shape[1]), (1e-2, 1e2), nu=2.5)
                            + WhiteKernel(1e-2, (1e-6, 1.0)))
