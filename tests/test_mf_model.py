@@ -249,3 +249,52 @@ def test_a_killed_model_based_search_resumes_to_the_same_decisions(toy, tmp_path
     assert len({r[0] for r in after[kill_after:] if r[1] == 1}) >= 5  # the resumed model proposed new trials
     if concurrency == 1:
         assert after == expected  # the same proposals (configs), promotions and decisions, row for row
+
+
+# -- curve-aware promotion ------------------------------------------------------------------------------------
+def _report(scheduler, trial_id, step, score):
+    return scheduler.on_result(trial_id, Result({"score": score}, step))
+
+
+def test_curve_ranking_promotes_by_the_predicted_final_score_not_the_value_at_the_rung():
+    """A trial whose score climbs fast ends highest though it is lower at the rung: once four trials of the rung
+    have reached the end, `rank_by="curve"` promotes the steep newcomer that `rank_by="value"` passes over."""
+    promoted = {}
+    for rank_by in ("value", "curve"):
+        scheduler = ASHA(RandomSearch({"x": nasplat.Float(0, 1)}, metric="score", seed=0), max_steps=4,
+                         grace_period=2, reduction_factor=2, type="promote", rank_by=rank_by)
+        # (score at step 2, at step 1); the final score is 0.2 * (score at 2) + 3 * (its change over step 2)
+        history = {0: (0.90, 0.80), 1: (0.85, 0.80), 2: (0.80, 0.60), 3: (0.75, 0.75),
+                   4: (0.10, 0.10), 5: (0.10, 0.10), 6: (0.10, 0.10), 7: (0.10, 0.10)}
+        for trial_id, (at_2, at_1) in history.items():
+            scheduler.ask()
+            assert _report(scheduler, trial_id, 1, at_1) == nasplat.controllers.CONTINUE
+            assert _report(scheduler, trial_id, 2, at_2) == nasplat.controllers.PAUSE
+        finished = []
+        while (trial_id := scheduler.promote()) is not None:  # the top half by value: too few curves yet
+            at_2, at_1 = history[trial_id]
+            _report(scheduler, trial_id, 3, at_2)
+            _report(scheduler, trial_id, 4, 0.2 * at_2 + 3 * (at_2 - at_1))
+            finished.append(trial_id)
+        assert finished == [0, 1, 2, 3]
+        for trial_id, (at_2, at_1) in {8: (0.65, 0.64), 9: (0.45, 0.30)}.items():  # 8 higher, 9 steeper
+            scheduler.ask()
+            _report(scheduler, trial_id, 1, at_1)
+            _report(scheduler, trial_id, 2, at_2)
+        promoted[rank_by] = scheduler.promote()
+    assert promoted == {"value": 8, "curve": 9}
+
+
+def test_curve_ranking_is_refused_where_it_cannot_rank():
+    with pytest.raises(ValueError, match="rank_by='curve'.*type='promote'") as info:
+        ASHA(RandomSearch({"x": nasplat.Float(0, 1)}, metric="score"), max_steps=9, type="stop", rank_by="curve")
+    assert "\n" not in str(info.value)
+    with pytest.raises(ValueError, match="rank_by"):
+        ASHA(RandomSearch({"x": nasplat.Float(0, 1)}, metric="score"), max_steps=9, rank_by="curves")
+
+
+def test_curve_ranking_runs_under_hyperband(toy):
+    result = nasplat.run(trainer=toy.Curve, space=toy.SPACE, metric="score", executor="simulated", concurrency=3,
+                         max_trials=40, max_steps=9, seed=0,
+                         scheduler={"name": "hyperband", "type": "promote", "rank_by": "curve"})
+    assert max(r["step"] for r in result.rows) == 9 and len({r["trial_id"] for r in result.rows}) == 40
