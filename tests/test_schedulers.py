@@ -5,6 +5,7 @@ et al. (2017) state it, Hyperband's brackets; then through `nasplat.run` on the 
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -216,6 +217,35 @@ class Counter(Trainer):
         self.t = state["t"]
 
 
+@pytest.mark.parametrize("scheduler, max_steps, message", [
+    ("asha", 1, "ASHA has no rung below max_steps=1: its first is at step 1 (grace_period)"),
+    ({"name": "asha", "grace_period": 9}, 9, "ASHA has no rung below max_steps=9: its first is at step 9"),
+    ({"name": "hyperband", "type": "promote"}, 1, "Hyperband has no rung below max_steps=1"),
+    ({"name": "median", "grace_period": 3}, 3, "MedianStopping has no rung below max_steps=3: its first is at step 3"),
+    (MedianStopping(RandomSearch(SPACE, metric="score"), grace_period=2), 2, "MedianStopping has no rung below"),
+])
+def test_a_scheduler_without_a_rung_below_max_steps_is_refused_before_anything_runs(tmp_path, scheduler, max_steps,
+                                                                                     message):
+    # it would stop or pause no trial: a plain search under the scheduler's name (issue 31)
+    ready = {"controller": scheduler.controller} if isinstance(scheduler, MedianStopping) else {}
+    with pytest.raises(ValueError) as info:
+        nasplat.run(trainer=Counter, space=SPACE, metric="score", executor="simulated", max_trials=40,
+                    max_steps=max_steps, scheduler=scheduler, storage=tmp_path, name="exp", **ready)
+    line = str(info.value)
+    assert line.startswith(f"scheduler: {message}") and "set max_steps > " in line and "\n" not in line
+    assert not (tmp_path / "exp").exists()
+    if not isinstance(scheduler, MedianStopping):  # the same line from a YAML file, naming the file
+        from nasplat.experiment.file import experiment_kwargs
+
+        with pytest.raises(ValueError, match=re.escape(f"exp.yaml: scheduler: {message}")):
+            experiment_kwargs({"trainer": "x:y", "space": "x:z", "metric": "score", "controller": "random",
+                               "budget": {"max_trials": 40, "max_steps": max_steps}, "executor": "simulated",
+                               "scheduler": scheduler}, source="exp.yaml")
+    bigger = nasplat.run(trainer=Counter, space=SPACE, metric="score", executor="simulated", max_trials=6,
+                         max_steps=max_steps + 1, scheduler=scheduler, **ready)  # one step more: a rung exists
+    assert len(bigger.rows) >= 6
+
+
 @pytest.mark.parametrize("controller", ["random", "evolution"])
 def test_promote_through_the_engine_pauses_frees_slots_and_resumes_trials_from_their_step(tmp_path, controller):
     options = {"population_size": 6, "sample_size": 2} if controller == "evolution" else {}
@@ -257,9 +287,9 @@ def test_scheduler_from_yaml(tmp_path):
     from nasplat.experiment.file import experiment_kwargs
 
     kwargs = experiment_kwargs({"trainer": "x:y", "space": "x:z", "metric": "score", "controller": "random",
-                                "budget": {"max_trials": 3}, "executor": "simulated",
+                                "budget": {"max_trials": 3, "max_steps": 9}, "executor": "simulated",
                                 "scheduler": {"name": "hyperband", "type": "promote"}})
-    assert kwargs["scheduler"] == {"name": "hyperband", "type": "promote"}
+    assert kwargs["scheduler"] == {"name": "hyperband", "type": "promote"} and kwargs["max_steps"] == 9
 
 
 @pytest.mark.parametrize("scheduler, message", [
@@ -379,3 +409,22 @@ def test_asha_around_multi_objective_evolution_through_the_engine():
     by_acc = sorted({r["trial_id"]: r["acc"] for r in rows if r["step"] == 1}.items(), key=lambda kv: -kv[1])
     # the least accurate trial on rung 0 is on the front too (fastest): a first-metric ranking would never take it
     assert by_acc[-1][0] in promoted
+
+
+def test_the_readme_states_every_schedulers_options_with_their_defaults():
+    import inspect
+    from pathlib import Path
+
+    from nasplat.schedulers import SCHEDULERS
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    for name in SCHEDULERS:
+        bullet = re.search(rf"^- \*\*`{name}`\*\* \(([^)]*)\):", readme, re.MULTILINE)
+        assert bullet, f"README has no bullet for scheduler {name!r}"
+        stated = dict(re.findall(r"`(\w+)`=(`\w+`|[^,]+)", bullet.group(1).replace("\n", " ")))
+        parameters = inspect.signature(SCHEDULERS[name]).parameters
+        options = [p for p in parameters.values() if p.name != "controller"]
+        assert sorted(stated) == sorted(p.name for p in options), name
+        for option in options:
+            expected = "the run's" if option.default is inspect.Parameter.empty else str(option.default)
+            assert stated[option.name].strip().strip("`") == expected, (name, option.name)

@@ -3,6 +3,8 @@ the simulated clock reaches the step's end."""
 
 from __future__ import annotations
 
+import pytest
+
 import nasplat
 from nasplat import Trainer
 from nasplat.controllers import CONTINUE, Controller, Exploit
@@ -59,3 +61,28 @@ def test_a_paused_trial_keeps_the_state_of_its_finished_step():
     promoted = [r for r in result.rows if r["step"] == 2]
     assert promoted and all(r["t"] == 2 for r in promoted)
     assert [r["end"] for r in result.rows] == [2.0 * (i + 1) for i in range(len(result.rows))]  # one worker, no gaps
+
+
+class Timeless(Trainer):
+    """Reports a score but no `time_cost`; counts the trials it set up."""
+
+    setups: list = []
+
+    def setup(self, config, ctx):
+        Timeless.setups.append(ctx.trial_id)
+
+    def step(self):
+        return {"score": 1.0}
+
+
+def test_a_trainer_that_reports_no_time_cost_is_refused_at_its_first_step_before_more_trials_start(tmp_path):
+    # before: each trial failed in turn, and the run ended only after max_failed_trials + 1 = 11 of them (issue 31)
+    Timeless.setups.clear()
+    with pytest.raises(ValueError) as info:
+        nasplat.run(trainer=Timeless, space={"x": 1}, metric="score", executor="simulated", concurrency=4,
+                    max_trials=40, storage=tmp_path, name="exp")
+    line = str(info.value)
+    assert line.startswith("the simulated executor needs every step to report 'time_cost'") and "\n" not in line
+    assert "trial 0's step reported ['score']" in line
+    assert Timeless.setups == [0]
+    assert nasplat.ExperimentResult.load(tmp_path / "exp").rows == []

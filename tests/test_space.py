@@ -405,3 +405,28 @@ def test_space_from_optuna() -> None:
         space.validate(space.sample(rng))
     with pytest.raises(TypeError, match="'x'"):
         space_from_optuna({"x": "not a distribution"})
+
+
+def test_float_neighbours_step_a_tenth_of_the_range_on_its_scale_including_from_zero() -> None:
+    # before: x0.8 and x1.2 of the value, so 0.0 had no neighbour and small values hardly moved (issue 31)
+    rng = np.random.default_rng(0)
+    unit = Float(0.0, 1.0)
+    assert unit.neighbours(0.0, rng) == [pytest.approx(0.1)]
+    assert unit.neighbours(0.001, rng) == [0.0, pytest.approx(0.101)]
+    assert unit.neighbours(0.5, rng) == [pytest.approx(0.4), pytest.approx(0.6)]
+    assert unit.neighbours(1.0, rng) == [pytest.approx(0.9)]
+    assert Float(-1.0, 1.0).neighbours(0.0, rng) == [pytest.approx(-0.2), pytest.approx(0.2)]
+    assert Float(0.0, 10.0).neighbours(9.5, rng) == [pytest.approx(8.5), 10.0]
+    lr = Float(1e-4, 1.0, log=True)  # factor (1 / 1e-4) ** 0.1 = 10 ** 0.4
+    assert lr.neighbours(1e-2, rng) == [pytest.approx(1e-2 / 10 ** 0.4), pytest.approx(1e-2 * 10 ** 0.4)]
+    assert lr.neighbours(1e-4, rng) == [pytest.approx(1e-4 * 10 ** 0.4)]
+    space = Space({"dropout": Float(0.0, 0.5), "lr": lr, "n": Choice([1, 2])})
+    config = {"dropout": 0.0, "lr": 1e-2, "n": 1}
+    first = space.neighbours(config, np.random.default_rng(1))
+    assert first == space.neighbours(config, np.random.default_rng(2))  # the same whatever the stream
+    assert [c["dropout"] for c in first if c["dropout"] != 0.0] == [pytest.approx(0.05)]
+    assert len(first) == 4 and all(space.accepts(c) for c in first)
+    # mutate and perturb stay seeded: the same seed draws the same configs
+    draws = [[space.mutate(config, r), space.perturb(config, r)] for r in (np.random.default_rng(5),
+                                                                           np.random.default_rng(5))]
+    assert draws[0] == draws[1]

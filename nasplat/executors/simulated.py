@@ -20,7 +20,9 @@ class SimulatedExecutor(LocalExecutor):
     read at time t (a PBT exploit of a trial whose step is running, a pause) is the state as of that trial's last
     step finished by t: the state a trial had when its running step was dispatched is kept until the step ends.
     Checkpoints are written at once, in this thread. The clock is simulated (`virtual_clock`): no wall-clock
-    deadline applies, and `step_timeout_s` is not supported.
+    deadline applies, and `step_timeout_s` is not supported. A trainer whose step does not report `cost_key` at all
+    cannot run here: that step ends the run with a ValueError before another starts (a cost that is there but not
+    a finite number > 0 fails that trial only).
     """
 
     background_writes = False
@@ -68,6 +70,10 @@ class SimulatedExecutor(LocalExecutor):
         self._settle(trial_id)
         event = self.run_step(trial_id)
         cost = 0.0
+        if isinstance(event.metrics, dict) and self.cost_key not in event.metrics:  # no trial could run: end now
+            raise ValueError(f"the simulated executor needs every step to report {self.cost_key!r} (simulated seconds "
+                             f"of the step, a finite number > 0); trial {trial_id}'s step reported "
+                             f"{sorted(map(str, event.metrics))}: return it from step(), or use another executor")
         if event.metrics is not None:
             try:
                 cost = float(event.metrics[self.cost_key])

@@ -16,12 +16,11 @@ from typing import Any
 
 import yaml
 
-from nasplat.controllers import CONTROLLERS, RandomSearch
+from nasplat.controllers import CONTROLLERS
 from nasplat.core.checks import EXPERIMENT_MODES, check_choice
 from nasplat.executors import DEFAULT_EXECUTOR, EXECUTORS
 from nasplat.experiment.spec import ExperimentSpec
-from nasplat.schedulers import check_scheduler, make_scheduler
-from nasplat.space import Choice
+from nasplat.schedulers import check_scheduler
 
 TOP_KEYS = ("name", "trainer", "space", "metric", "mode", "constraints", "controller", "budget", "resources",
             "executor", "storage", "seed", "max_failures", "max_failed_trials", "checkpoint", "callbacks",
@@ -81,9 +80,7 @@ def experiment_spec(spec: Mapping[str, Any], *, source: str = "experiment") -> E
     """An experiment mapping (as in YAML) checked into an `ExperimentSpec`; each mistake is one line that starts
     with `source` and names the key, the value received and what is allowed."""
     try:
-        checked = _translate(spec, source).check()
-        _check_scheduler_options(checked)
-        return checked
+        return _translate(spec, source).check()
     except ValueError as exc:
         message = str(exc)
         raise ValueError(message if message.startswith(source) else f"{source}: {message}") from None
@@ -136,16 +133,6 @@ def _translate(spec: Mapping[str, Any], source: str) -> ExperimentSpec:
         executor_options=ray_options if executor == "ray" else {},
         callbacks=spec.get("callbacks") or [],  # names or mappings: built by `build`, the spec stays plain data
         scheduler=spec.get("scheduler"))  # a name, or a mapping of a name and options
-
-
-def _check_scheduler_options(spec: ExperimentSpec) -> None:
-    """Make the scheduler once around a stand-in controller (the experiment's objectives, a space of one
-    decision), so that its options' values are checked with the rest of the file, before anything is imported."""
-    if isinstance(spec.scheduler, (str, Mapping)):
-        stand_in = RandomSearch({"x": Choice([0, 1])}, metric=spec.metric or "", mode=spec.mode,
-                                constraints=spec.constraints)
-        with _section("scheduler"):
-            make_scheduler(spec.scheduler, stand_in, max_steps=spec.max_steps)
 
 
 @contextmanager

@@ -14,14 +14,15 @@ from typing import Any
 
 import cloudpickle
 
-from nasplat.controllers import CONTROLLERS, Controller, check_controller_options
+from nasplat.controllers import CONTROLLERS, Controller, RandomSearch, check_controller_options
 from nasplat.controllers.base import Searcher
 from nasplat.core.checks import check_real, check_run_options
 from nasplat.core.pareto import parse_constraints
 from nasplat.executors import DEFAULT_EXECUTOR, EXECUTORS
 from nasplat.executors.base import Executor
 from nasplat.integrations import CALLBACKS
-from nasplat.schedulers import check_scheduler
+from nasplat.schedulers import check_scheduler, make_scheduler
+from nasplat.space import Choice
 from nasplat.storage import SPEC_JSON, SPEC_PICKLE
 from nasplat.storage.checkpoints import CheckpointPolicy
 
@@ -74,7 +75,7 @@ class ExperimentSpec:
                              f"got executor={self.executor!r}")
         self._check_controller()
         if self.scheduler is not None:
-            check_scheduler(self.scheduler)
+            self._check_scheduler()
         self._check_callbacks()
         return self
 
@@ -88,6 +89,21 @@ class ExperimentSpec:
                 raise ValueError(f"controller options {dict(options)!r} given with a ready controller instance")
         elif isinstance(controller, type) and issubclass(controller, Controller):
             check_controller_options(controller, options)
+
+    def _check_scheduler(self) -> None:
+        """A named scheduler is made once around a stand-in controller (the experiment's objectives, a space of one
+        decision), so that its options' values, and its rungs against `max_steps`, are checked before anything runs;
+        a ready one is checked against `max_steps`. Mistakes start with `scheduler: `."""
+        try:
+            if check_scheduler(self.scheduler) is None:
+                self.scheduler.check_max_steps(self.max_steps)
+            else:
+                metric = self.metric or ""
+                stand_in = RandomSearch({"x": Choice([0, 1])}, metric=metric, mode=self.mode,
+                                        constraints=self.constraints)
+                make_scheduler(self.scheduler, stand_in, max_steps=self.max_steps)
+        except ValueError as exc:
+            raise ValueError(f"scheduler: {exc}") from None
 
     def _check_callbacks(self) -> None:
         if isinstance(self.callbacks, (str, Mapping)) or not isinstance(self.callbacks, Sequence):

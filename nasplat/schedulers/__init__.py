@@ -38,7 +38,7 @@ def make_scheduler(scheduler: str | Mapping[str, Any] | Scheduler, controller: C
                    max_steps: int) -> Scheduler:
     """A scheduler around `controller`: a name of `SCHEDULERS`, a mapping `{"name": ..., **options}`, or a ready
     `Scheduler` (which wraps `controller` already). `max_steps` (the run's) is the default of ASHA's and Hyperband's
-    and their upper bound."""
+    and their upper bound; a scheduler whose first rung is not below it is refused (it would stop or pause none)."""
     if isinstance(scheduler, Scheduler):
         if scheduler.controller is not controller:
             raise ValueError("a ready scheduler wraps its own controller: pass that controller as `controller` (or "
@@ -61,6 +61,7 @@ def make_scheduler(scheduler: str | Mapping[str, Any] | Scheduler, controller: C
     if isinstance(built, NEEDS_MAX_STEPS) and built.max_steps > max_steps:
         raise ValueError(f"the scheduler's max_steps must be <= the run's, got scheduler max_steps={built.max_steps}, "
                          f"run max_steps={max_steps}")
+    built.check_max_steps(max_steps)
     return built
 
 

@@ -10,7 +10,7 @@ import numpy as np
 from nasplat.controllers.base import CONTINUE, PAUSE, STOP, Controller, Decision, Result, TrialSpec
 from nasplat.core.checks import check_choice, check_int
 from nasplat.core.pareto import rank_order
-from nasplat.schedulers.base import Scheduler
+from nasplat.schedulers.base import Scheduler, check_first_rung
 
 TYPES = ("stop", "promote")
 RANKINGS = ("value", "curve")
@@ -55,8 +55,7 @@ class ASHA(Scheduler):
         self.reduction_factor = check_int("reduction_factor", reduction_factor, minimum=2)
         self.brackets = check_int("brackets", brackets, minimum=1)
         self.type = check_choice("type", type, TYPES)
-        if self.grace_period > self.max_steps:
-            raise ValueError(f"`grace_period` must be <= max_steps, got {grace_period=}, {max_steps=}")
+        check_first_rung(self.__class__.__name__, self.grace_period, self.max_steps)
         most = len(self._milestones(0)) + 1  # the last of them has no rung: it trains every trial to max_steps
         if self.brackets > most:
             raise ValueError(f"`brackets` must be <= {most} (the rungs below max_steps, plus one), got {brackets=} "
@@ -196,6 +195,11 @@ class ASHA(Scheduler):
         value = curve.get(step, float("-inf"))
         before = curve.get(step - 1, value)
         return [1.0, value, value - before]
+
+    @property
+    def first_rung(self) -> int:
+        """The lowest bracket's first rung."""
+        return self.grace_period
 
     # -- reporting ------------------------------------------------------------------------------------
     def rung_of(self, trial_id: int) -> int | None:

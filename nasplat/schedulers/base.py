@@ -127,6 +127,15 @@ class Scheduler(Searcher):
         return self.decide(trial_id, result)
 
     # -- the schedule ---------------------------------------------------------------------------------
+    @property
+    def first_rung(self) -> int:
+        """The first step at which the schedule may stop or pause a trial; the default: every step."""
+        return 1
+
+    def check_max_steps(self, max_steps: int) -> None:
+        """Refuse a run of `max_steps` steps a trial in which the schedule can stop or pause none (`first_rung`)."""
+        check_first_rung(type(self).__name__, self.first_rung, max_steps)
+
     def decide(self, trial_id: int, result: Result) -> Decision:
         """The schedule's decision for an intermediate report; the default lets the trial go on."""
         return CONTINUE
@@ -164,3 +173,12 @@ class Scheduler(Searcher):
         for key, value in state.items():
             if key not in FORWARDED and key != "multi_objective":  # older snapshots: copies, and ASHA's run fact
                 setattr(self, key, value)
+
+
+def check_first_rung(scheduler: str, first_rung: int, max_steps: int) -> None:
+    """One line refusing a schedule whose first rung (step `first_rung`) is not below `max_steps`: every trial
+    completes at `max_steps` first, so the scheduler would stop or pause none and the run would be a plain search."""
+    if first_rung >= max_steps:
+        raise ValueError(f"{scheduler} has no rung below max_steps={max_steps}: its first is at step "
+                         f"{first_rung} (grace_period), where every trial completes, so it would stop or pause none; "
+                         f"set max_steps > {first_rung} (the steps of a full trial) or leave the scheduler out")

@@ -6,8 +6,9 @@ import math
 from typing import Literal
 
 from nasplat.controllers.base import Controller
-from nasplat.core.checks import check_int
-from nasplat.schedulers.asha import ASHA
+from nasplat.core.checks import check_choice, check_int
+from nasplat.schedulers.asha import ASHA, TYPES
+from nasplat.schedulers.base import check_first_rung
 
 
 class Hyperband(ASHA):
@@ -24,8 +25,8 @@ class Hyperband(ASHA):
         max_steps = check_int("max_steps", max_steps, minimum=1)
         grace_period = check_int("grace_period", grace_period, minimum=1)
         reduction_factor = check_int("reduction_factor", reduction_factor, minimum=2)
-        if grace_period > max_steps:
-            raise ValueError(f"`grace_period` must be <= max_steps, got {grace_period=}, {max_steps=}")
+        check_choice("type", type, TYPES)
+        check_first_rung(self.__class__.__name__, grace_period, max_steps)
         s_max = 0
         while grace_period * reduction_factor ** s_max < max_steps:
             s_max += 1

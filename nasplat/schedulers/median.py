@@ -38,6 +38,11 @@ class MedianStopping(Scheduler):
             return CONTINUE
         return STOP if best[-1] < self.median(result.step) else CONTINUE
 
+    @property
+    def first_rung(self) -> int:
+        """The first step judged: `grace_period`."""
+        return self.grace_period
+
     def running_average(self, trial_id: int, step: int) -> float | None:
         """The mean of the trial's scores reported at steps <= `step`, or None if it reported none."""
         count = bisect.bisect_right(self.steps[trial_id], step)

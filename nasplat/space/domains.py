@@ -139,6 +139,10 @@ class Int(Domain):
         return min(max(int(middle), first), last)
 
 
+NEIGHBOUR_STEP = 0.1
+"""A `Float`'s neighbours (local search, the predictor's candidates) are this share of its range away, on its scale."""
+
+
 class Float(Domain):
     """A float in [low, high]; `log=True` samples log-uniformly. Encoded into `bins` bins."""
 
@@ -181,8 +185,17 @@ class Float(Domain):
         return min(max(float(value) * factor, self.low), self.high)
 
     def neighbours(self, value: Any, rng: np.random.Generator) -> list[float]:
-        """x0.8 and x1.2, clipped to the bounds, without `value` itself."""
-        out = [min(max(float(value) * f, self.low), self.high) for f in (0.8, 1.2)]
+        """A step down and a step up on the domain's scale, `NEIGHBOUR_STEP` of its range: added and subtracted
+        (linear; from 0 too), or as a factor of `(high / low) ** NEIGHBOUR_STEP` (log); clipped to the bounds,
+        without `value` itself. `rng` is not used: the neighbours of a value are always the same."""
+        value = float(value)
+        if self.log:
+            factor = (self.high / self.low) ** NEIGHBOUR_STEP
+            out = [value / factor, value * factor]
+        else:
+            step = NEIGHBOUR_STEP * (self.high - self.low)
+            out = [value - step, value + step]
+        out = [min(max(v, self.low), self.high) for v in out]
         return [v for i, v in enumerate(out) if v != value and v not in out[:i]]
 
     @property

@@ -312,7 +312,8 @@ class Space:
         """The allowed configs one decision away from `config`, decision by decision (local search).
 
         A `Choice` gives each other option (a dict option with a fresh sample), `Int` and `Float` a step
-        down and a step up; `rng` is used only to sample newly entered sub-spaces.
+        down and a step up (a `Float`'s a tenth of its range, on its linear or log scale); `rng` is used only to
+        sample newly entered sub-spaces.
         """
         out: list[Config] = []
         for i, (_, key, domain, value, _) in enumerate(self._walk(config, "")):
