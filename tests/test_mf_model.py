@@ -298,3 +298,13 @@ def test_curve_ranking_runs_under_hyperband(toy):
                          max_trials=40, max_steps=9, seed=0,
                          scheduler={"name": "hyperband", "type": "promote", "rank_by": "curve"})
     assert max(r["step"] for r in result.rows) == 9 and len({r["trial_id"] for r in result.rows}) == 40
+
+
+def test_initial_configs_come_first_and_a_bad_one_is_one_line():
+    space = {"x": nasplat.Float(0.0, 1.0), "k": nasplat.Choice(["a", "b"])}
+    first = [{"x": 0.25, "k": "b"}, {"x": 0.75, "k": "a"}]
+    controller = ModelBasedMultiFidelity(space, metric="s", seed=0, initial_configs=first)
+    assert [controller.ask().config for _ in range(3)][:2] == first
+    with pytest.raises(ValueError, match="x") as info:
+        ModelBasedMultiFidelity(space, metric="s", initial_configs=[{"x": 2.0, "k": "a"}])
+    assert "\n" not in str(info.value)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -25,7 +25,8 @@ from nasplat.space.domains import config_key, copy_config
 class ModelBasedMultiFidelity(Controller):
     """Proposes configs by a model of the metric over (config, fidelity), for a scheduler to run (MOBSTER).
 
-    It learns from every rung every trial reaches (`on_rung`: paused, stopped, promoted and completed trials alike;
+    `initial_configs` (each validated by the space) are proposed first, in their order. It learns from every rung
+    every trial reaches (`on_rung`: paused, stopped, promoted and completed trials alike;
     wrapped in no scheduler, from each trial's last report by `tell`), one observation per (trial, step). The first
     `initial_samples` trials are random, and so is a share `random_fraction` of the later ones (drawn from its
     seeded stream). Otherwise each `ask`:
@@ -49,8 +50,12 @@ class ModelBasedMultiFidelity(Controller):
 
     def __init__(self, space: Space | Mapping[str, Any], *, initial_samples: int = 10, max_steps: int | None = None,
                  max_points: int = 128, refit_every: int = 10, pool_size: int = 500, num_parents: int = 3,
-                 mutations: int = 20, random_fraction: float = 0.0, **kwargs: Any) -> None:
+                 mutations: int = 20, random_fraction: float = 0.0, initial_configs: Sequence[Config] = (),
+                 **kwargs: Any) -> None:
         super().__init__(space, **kwargs)
+        for config in initial_configs:
+            self.space.validate(config)
+        self.initial_configs = [copy_config(c) for c in initial_configs]
         for name, value, low in (("initial_samples", initial_samples, 1), ("max_points", max_points, 2),
                                  ("refit_every", refit_every, 1), ("pool_size", pool_size, 1),
                                  ("num_parents", num_parents, 0), ("mutations", mutations, 0)):
@@ -91,6 +96,8 @@ class ModelBasedMultiFidelity(Controller):
 
     # -- proposing --------------------------------------------------------------------------------------------
     def ask(self) -> TrialSpec:
+        if self.next_trial_id < len(self.initial_configs):  # the user's configs first, in their order
+            return self._remember(copy_config(self.initial_configs[self.next_trial_id]))
         explore = self.random_fraction > 0 and self.rng.random() < self.random_fraction
         if len(self.observed) < self.initial_samples or explore:
             return self._remember(self.space.sample_unseen(self.rng, self.seen))
