@@ -186,7 +186,7 @@ def dehb_trace(seed: int, budget_s: float) -> Trace:
 
     def start() -> tuple[Any, int, int, int]:
         job = optimizer.ask()
-        return job, _table_index(dict(job["config"])), max(1, int(round(job["fidelity"]))), 1
+        return job, _table_index(dict(job["config"])), max(1, round(job["fidelity"])), 1
 
     def finish(job: Any, epoch: int, valid: float) -> None:
         optimizer.tell(job, {"fitness": -valid, "cost": float(epoch)})
@@ -210,7 +210,7 @@ def smac_trace(seed: int, budget_s: float) -> Trace:
             info = optimizer.ask()
         except (ConfigurationSpaceExhaustedException, StopIteration):  # every configuration asked: idle
             return None
-        return info, _table_index(dict(info.config)), max(1, int(round(info.budget or EPOCHS))), 1
+        return info, _table_index(dict(info.config)), max(1, round(info.budget or EPOCHS)), 1
 
     def finish(info: Any, epoch: int, valid: float) -> None:
         optimizer.tell(info, TrialValue(cost=1.0 - valid))
@@ -273,9 +273,8 @@ def main() -> None:
                 not_installed.append(f"{method}: {exc}")
                 continue
         started = time.perf_counter()
-        run = (lambda s: nasplat_trace(method, s, budget_s)) if method in NASPLAT else (
-            lambda s: ANCHORS[method](s, budget_s))
-        traces[method] = [run(seed) for seed in range(args.seeds)]
+        traces[method] = [nasplat_trace(method, seed, budget_s) if method in NASPLAT else
+                          ANCHORS[method](seed, budget_s) for seed in range(args.seeds)]
         scored = [at_checkpoints(t, budget_s, best) for t in traces[method]]
         regrets, tests = np.array([r for r, _ in scored]), np.array([t for _, t in scored])
         regret[method] = regrets.mean(axis=0).round(5).tolist()
