@@ -308,3 +308,34 @@ def test_initial_configs_come_first_and_a_bad_one_is_one_line():
     with pytest.raises(ValueError, match="x") as info:
         ModelBasedMultiFidelity(space, metric="s", initial_configs=[{"x": 2.0, "k": "a"}])
     assert "\n" not in str(info.value)
+
+
+# -- warm start -----------------------------------------------------------------------------------------------
+def test_a_search_warm_started_from_an_earlier_folder_reaches_its_best_in_a_quarter_of_the_trials(tmp_path):
+    """On the learning-curve table, trials trained to the end: a first search of 40 trials; a second of 40,
+    warm-started from its folder (its rows feed the model, its incumbents are proposed again first), reaches the
+    first's best validation accuracy within its first 10 trials."""
+    from search_spaces.lc_table import space
+    from trainers.lc_table import LCTable
+
+    common = dict(trainer=LCTable, space=space, metric="valid_acc", executor="simulated", concurrency=4,
+                  max_steps=27, max_trials=40, storage=tmp_path)
+    first = nasplat.run(**common, controller="random", seed=0, name="first")
+    best = max(r["valid_acc"] for r in first.rows)
+    second = nasplat.run(**common, controller="mobster", seed=1, name="second", warm_start=str(tmp_path / "first"))
+    reached = [r["trial_id"] for r in second.rows if r["valid_acc"] >= best]
+    assert reached and min(reached) < 10, reached[:3]
+    cold = nasplat.run(**common, controller="mobster", seed=1, name="cold")
+    assert [r["config"] for r in cold.rows[:1]] != [r["config"] for r in second.rows[:1]]  # the warm start decided
+
+
+def test_warm_start_from_yaml_and_a_bad_folder_is_one_line(tmp_path, toy):
+    from nasplat.experiment.file import read_experiment
+
+    path = tmp_path / "exp.yaml"
+    path.write_text(yaml.safe_dump({"trainer": "toy_mf:Curve", "space": "toy_mf:SPACE", "metric": "score",
+                                    "controller": "mobster", "budget": {"max_trials": 3}, "executor": "simulated",
+                                    "warm_start": str(tmp_path / "nowhere")}))
+    with pytest.raises(ValueError, match="warm_start") as info:
+        read_experiment(path).check()
+    assert "\n" not in str(info.value) and "nowhere" in str(info.value)

@@ -135,6 +135,10 @@ class Searcher(ABC):
         the order of the reports, so a resume replays it exactly. The default: nothing (the controller learns from
         `tell` only)."""
 
+    def warm_start(self, results: Sequence[tuple[Config, Result]]) -> None:
+        """An earlier experiment's results (each a config and its report at `result.step`), handed once before
+        the first `ask` (`warm_start:` of an experiment); a controller may learn from them. The default: nothing."""
+
     def snapshot_due(self, trial_id: int, step: int) -> bool:
         """Whether a later exploit may copy the trial's state as of `step`; executors then keep a copy of it,
         so that the exploit need not wait for the donor's running step. The default: never."""

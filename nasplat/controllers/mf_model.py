@@ -94,6 +94,28 @@ class ModelBasedMultiFidelity(Controller):
         self.observed.setdefault((trial_id, int(result.step)), score)
         self.pending.discard(trial_id)
 
+    def warm_start(self, results: Sequence[tuple[Config, Result]]) -> None:
+        """An earlier experiment's results become observations (of trials numbered -1, -2, ...), and its
+        `num_parents` best configs (the furthest trained first, then by score there) are proposed again first,
+        after `initial_configs`, so that the search starts from the earlier incumbents."""
+        trials: dict[Any, int] = {}
+        for config, result in results:
+            score = self.score(result)
+            if score is None or result.step < 1:
+                continue
+            key = config_key(config)
+            if key not in trials:
+                trials[key] = -1 - len(trials)
+                self.configs[trials[key]] = copy_config(config)
+                self.encodings[trials[key]] = self.encoder.encode(config).astype(float)
+            self.observed[(trials[key], int(result.step))] = score
+        furthest: dict[int, tuple[int, float]] = {}
+        for (trial_id, step), score in self.observed.items():
+            if trial_id < 0:
+                furthest[trial_id] = max(furthest.get(trial_id, (0, -np.inf)), (step, score))
+        best = sorted(furthest, key=lambda t: (-furthest[t][0], -furthest[t][1], -t))[:self.num_parents]
+        self.initial_configs += [copy_config(self.configs[t]) for t in best]
+
     # -- proposing --------------------------------------------------------------------------------------------
     def ask(self) -> TrialSpec:
         if self.next_trial_id < len(self.initial_configs):  # the user's configs first, in their order

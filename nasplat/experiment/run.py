@@ -33,8 +33,8 @@ def run(*, trainer: type | str, controller: str | type | Searcher = "random", sp
         max_failed_trials: int | None = 10, seed: int = 0, name: str | None = None, storage: str | Path | None = None,
         checkpoint: CheckpointPolicy | Mapping[str, Any] | bool | None = None, progress: bool = False,
         controller_options: Mapping[str, Any] | None = None, executor_options: Mapping[str, Any] | None = None,
-        callbacks: Sequence[Any] = (), scheduler: str | Mapping[str, Any] | Scheduler | None = None
-        ) -> ExperimentResult:
+        callbacks: Sequence[Any] = (), scheduler: str | Mapping[str, Any] | Scheduler | None = None,
+        warm_start: str | Path | None = None) -> ExperimentResult:
     """Run a search: `controller` proposes configs of `space`, `executor` trains them with `trainer`.
 
     `concurrency` trials run at once (default: 1 in process, as many as the Ray cluster's CPUs hold on
@@ -63,7 +63,8 @@ def run(*, trainer: type | str, controller: str | type | Searcher = "random", sp
 
     `scheduler` stops or pauses trials early around the controller: `"asha"`, `"hyperband"`, `"median"`, a mapping
     `{"name": "asha", "type": "promote", ...}` of a name and its options (`nasplat.schedulers`), or a ready
-    `Scheduler` wrapping `controller`.
+    `Scheduler` wrapping `controller`. `warm_start` (an earlier experiment's folder): its rows reach the
+    controller's `warm_start` before the first trial (`mobster` learns from them).
 
     `executor="simulated"` runs every step at once in this process on a simulated clock with
     `concurrency` virtual workers: each step must report a numeric `time_cost` metric (its simulated
@@ -86,7 +87,8 @@ def run(*, trainer: type | str, controller: str | type | Searcher = "random", sp
         storage=None if storage is None else str(storage), checkpoint=checkpoint,
         controller_options=dict(controller_options or {}), executor_options=dict(executor_options or {}),
         callbacks=callbacks if isinstance(callbacks, (str, Mapping)) else list(callbacks),
-        scheduler=dict(scheduler) if isinstance(scheduler, Mapping) else scheduler)
+        scheduler=dict(scheduler) if isinstance(scheduler, Mapping) else scheduler,
+        warm_start=None if warm_start is None else str(warm_start))
     return run_spec(spec.check(), progress=progress)
 
 

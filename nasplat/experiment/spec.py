@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
 from typing import Any
 
 import cloudpickle
@@ -23,7 +24,7 @@ from nasplat.executors.base import Executor
 from nasplat.integrations import CALLBACKS
 from nasplat.schedulers import check_scheduler, make_scheduler
 from nasplat.space import Choice
-from nasplat.storage import SPEC_JSON, SPEC_PICKLE
+from nasplat.storage import ROWS_FILE, SPEC_JSON, SPEC_PICKLE
 from nasplat.storage.checkpoints import CheckpointPolicy
 
 
@@ -54,6 +55,7 @@ class ExperimentSpec:
     executor_options: Mapping[str, Any] = field(default_factory=dict)
     callbacks: Sequence[Any] = field(default_factory=list)
     scheduler: Any = None
+    warm_start: str | None = None
 
     def check(self) -> ExperimentSpec:
         """This spec, after checking every plain value and plug-in name (nothing is imported or created); each
@@ -73,6 +75,10 @@ class ExperimentSpec:
         elif not isinstance(self.executor, Executor):
             raise ValueError(f"`executor` must be one of {list(EXECUTORS)} or an Executor instance, "
                              f"got executor={self.executor!r}")
+        if self.warm_start is not None and not (isinstance(self.warm_start, str)
+                                                and (Path(self.warm_start) / ROWS_FILE).is_file()):
+            raise ValueError(f"`warm_start` must be the folder of an earlier experiment (with its {ROWS_FILE}), got "
+                             f"warm_start={self.warm_start!r}")
         self._check_controller()
         if self.scheduler is not None:
             self._check_scheduler()

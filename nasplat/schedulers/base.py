@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from nasplat.controllers.base import CONTINUE, Continue, Controller, Decision, Result, Searcher, TrialSpec
 from nasplat.core.pareto import Constraint
-from nasplat.space import Space
+from nasplat.space import Config, Space
 
 # The wrapped controller's fields a scheduler forwards; snapshots taken before schedulers forwarded them (when they
 # were copies) carry them too, and loading one leaves them to the controller.
@@ -110,6 +110,10 @@ class Scheduler(Searcher):
         if trial_id not in self.told:
             self.told.add(trial_id)
             self.controller.tell(trial_id, result)
+
+    def warm_start(self, results: Sequence[tuple[Config, Result]]) -> None:
+        """The wrapped controller's warm start."""
+        self.controller.warm_start(results)
 
     def parents(self) -> set[int] | None:
         """The wrapped controller's parents."""
