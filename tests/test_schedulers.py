@@ -297,7 +297,7 @@ def test_scheduler_from_yaml(tmp_path):
     ({"name": "hyperband", "type": "pause"}, "type"),
     ({"name": "nope"}, "nope"),
     ({"name": "asha", "grace": 2}, "unknown option(s) ['grace'] for scheduler 'asha'; allowed: ['max_steps', "
-                                   "'grace_period', 'reduction_factor', 'brackets', 'type']"),
+                                   "'grace_period', 'reduction_factor', 'brackets', 'type', 'rank_by']"),
 ])
 def test_a_bad_scheduler_option_in_a_file_names_the_file_and_the_scheduler_key(tmp_path, scheduler, message):
     from nasplat.experiment.file import read_experiment

@@ -6,18 +6,21 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from nasplat.controllers import CONTROLLERS, Controller, check_controller_options
-from nasplat.controllers.base import Searcher
+from nasplat.controllers.base import Result, Searcher
+from nasplat.core.rows import RESERVED, Status
 from nasplat.engine.records import Budget
 from nasplat.executors import EXECUTORS, check_step_timeout
 from nasplat.executors.base import Executor
 from nasplat.experiment.spec import ExperimentSpec
 from nasplat.integrations import make_callbacks
 from nasplat.schedulers import make_scheduler
-from nasplat.space import Space
+from nasplat.space import Config, Space
 from nasplat.space.data import stored_space
+from nasplat.storage import ROWS_FILE, read_rows
 from nasplat.storage.checkpoints import CheckpointPolicy
 from nasplat.trainer import Trainer, check_trainer, resolve
 
@@ -60,6 +63,23 @@ class BuiltExperiment:
         return self.spec.executor if isinstance(self.spec.executor, str) else type(self.executor).__name__
 
 
+def earlier_results(folder: str, space: Space, metric: str) -> list[tuple[Config, Result]]:
+    """The rows of an earlier experiment's folder (untrusted) as (config, result) for `Searcher.warm_start`: those
+    with `metric`, a step and a config of `space`, in their order; failed rows are left out."""
+    results = []
+    for row in read_rows(Path(folder) / ROWS_FILE):
+        config, step = row.get("config"), row.get("step")
+        if row.get("status") == Status.FAILED or metric not in row or not isinstance(step, int) or step < 1:
+            continue
+        try:
+            space.validate(config)
+        except (ValueError, TypeError) as exc:
+            raise ValueError(f"warm_start: a row of {folder} has a config outside this experiment's space: "
+                             f"{exc}") from None
+        results.append((config, Result({k: v for k, v in row.items() if k not in RESERVED}, step)))
+    return results
+
+
 def build(spec: ExperimentSpec) -> BuiltExperiment:
     """The experiment `spec` (checked by `ExperimentSpec.check`) made ready to run; nothing is started."""
     trainer = check_trainer(resolve(spec.trainer, what="trainer"))
@@ -70,6 +90,8 @@ def build(spec: ExperimentSpec) -> BuiltExperiment:
         trainer.check_experiment(space, max_steps=spec.max_steps)  # a wrong setup refused before anything runs
     if spec.scheduler is not None:  # a scheduler wraps the controller and is the controller to the engine
         controller = make_scheduler(spec.scheduler, controller, max_steps=spec.max_steps)
+    if spec.warm_start is not None:  # again on a resume, before the replay: the same controller either way
+        controller.warm_start(earlier_results(spec.warm_start, controller.space, controller.metric))
     name = spec.name or f"{type(controller).__name__.lower()}-{time.strftime('%Y%m%d-%H%M%S')}"
     callbacks = _callbacks(spec.callbacks)
     executor = make_executor(spec.executor, concurrency=spec.concurrency, **spec.executor_options)

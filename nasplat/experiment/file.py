@@ -24,7 +24,7 @@ from nasplat.schedulers import check_scheduler
 
 TOP_KEYS = ("name", "trainer", "space", "metric", "mode", "constraints", "controller", "budget", "resources",
             "executor", "storage", "seed", "max_failures", "max_failed_trials", "checkpoint", "callbacks",
-            "scheduler")
+            "scheduler", "warm_start")
 REQUIRED = ("trainer", "space", "metric", "controller", "budget")
 BUDGET_KEYS = ("max_trials", "time_budget_s", "max_steps", "step_timeout_s")
 RESOURCE_KEYS = ("concurrency", "cpus_per_trial", "gpus_per_trial", "workers", "backend", "strategy", "backend_options")
@@ -135,7 +135,8 @@ def _translate(spec: Mapping[str, Any], source: str) -> ExperimentSpec:
         name=spec.get("name"), storage=spec.get("storage"),
         executor_options=ray_options if executor == "ray" else {},
         callbacks=spec.get("callbacks") or [],  # names or mappings: built by `build`, the spec stays plain data
-        scheduler=spec.get("scheduler"))  # a name, or a mapping of a name and options
+        scheduler=spec.get("scheduler"),  # a name, or a mapping of a name and options
+        warm_start=spec.get("warm_start"))
 
 
 def _check_space(space: Any) -> None:

@@ -35,8 +35,8 @@ def run(*, trainer: type | str, controller: str | type | Searcher = "random", sp
         max_failed_trials: int | None = 10, seed: int = 0, name: str | None = None, storage: str | Path | None = None,
         checkpoint: CheckpointPolicy | Mapping[str, Any] | bool | None = None, progress: bool = False,
         controller_options: Mapping[str, Any] | None = None, executor_options: Mapping[str, Any] | None = None,
-        callbacks: Sequence[Any] = (), scheduler: str | Mapping[str, Any] | Scheduler | None = None
-        ) -> ExperimentResult:
+        callbacks: Sequence[Any] = (), scheduler: str | Mapping[str, Any] | Scheduler | None = None,
+        warm_start: str | Path | None = None) -> ExperimentResult:
     """Run a search: `controller` proposes configs of `space`, `executor` trains them with `trainer`; returns the
     `ExperimentResult`. Everything is checked, in one line per mistake, before anything is created.
 
@@ -51,7 +51,8 @@ def run(*, trainer: type | str, controller: str | type | Searcher = "random", sp
       more than `max_failed_trials` failed trials raise `ExperimentFailed` (README, "Budget, step timeouts and runs
       that cannot succeed").
     - `scheduler`: "asha", "hyperband", "median", `{"name": ..., options}` or a `Scheduler` (README, "Stop bad trials
-      early").
+      early"); `warm_start`: an earlier experiment's folder whose rows reach the controller first (`mobster` learns
+      from them).
     - `storage` (a folder or a `pyarrow.fs` URI) and `name`: where the rows go, for `nasplat.resume`; `checkpoint`: a
       `CheckpointPolicy`, its fields, or True (README, "Storage, resume and checkpoints").
     - `callbacks`: listeners with `on_row(engine, row)` (and `on_start`, `on_end`), or their names ("Use the tools
@@ -65,7 +66,8 @@ def run(*, trainer: type | str, controller: str | type | Searcher = "random", sp
         storage=None if storage is None else str(storage), checkpoint=checkpoint,
         controller_options=dict(controller_options or {}), executor_options=dict(executor_options or {}),
         callbacks=callbacks if isinstance(callbacks, (str, Mapping)) else list(callbacks),
-        scheduler=dict(scheduler) if isinstance(scheduler, Mapping) else scheduler)
+        scheduler=dict(scheduler) if isinstance(scheduler, Mapping) else scheduler,
+        warm_start=None if warm_start is None else str(warm_start))
     return run_spec(spec.check(), progress=progress)
 
 

@@ -11,6 +11,7 @@ import json
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
 from types import FunctionType
 from typing import Any
 
@@ -26,7 +27,7 @@ from nasplat.integrations import CALLBACKS
 from nasplat.schedulers import check_scheduler, make_scheduler
 from nasplat.space import Choice, Domain, Space
 from nasplat.space.data import SPACE_DATA, NotData, space_to_data
-from nasplat.storage import SPEC_JSON, SPEC_PICKLE
+from nasplat.storage import ROWS_FILE, SPEC_JSON, SPEC_PICKLE
 from nasplat.storage.checkpoints import CheckpointPolicy
 
 
@@ -57,6 +58,7 @@ class ExperimentSpec:
     executor_options: Mapping[str, Any] = field(default_factory=dict)
     callbacks: Sequence[Any] = field(default_factory=list)
     scheduler: Any = None
+    warm_start: str | None = None
 
     def check(self) -> ExperimentSpec:
         """This spec, after checking every plain value and plug-in name (nothing is imported or created); each
@@ -76,6 +78,10 @@ class ExperimentSpec:
         elif not isinstance(self.executor, Executor):
             raise ValueError(f"`executor` must be one of {list(EXECUTORS)} or an Executor instance, "
                              f"got executor={self.executor!r}")
+        if self.warm_start is not None and not (isinstance(self.warm_start, str)
+                                                and (Path(self.warm_start) / ROWS_FILE).is_file()):
+            raise ValueError(f"`warm_start` must be the folder of an earlier experiment (with its {ROWS_FILE}), got "
+                             f"warm_start={self.warm_start!r}")
         self._check_controller()
         if self.scheduler is not None:
             self._check_scheduler()

@@ -13,6 +13,8 @@ from nasplat.core.pareto import rank_order
 from nasplat.schedulers.base import Scheduler, check_first_rung
 
 TYPES = ("stop", "promote")
+RANKINGS = ("value", "curve")
+MIN_CURVES = 4  # trials seen past a rung before its curve model ranks promotions
 
 
 class ASHA(Scheduler):
@@ -33,12 +35,20 @@ class ASHA(Scheduler):
     them (`nasplat.core.pareto.rank_order`: feasible first, by non-dominated front, then crowding distance), as in
     MO-ASHA (Schmucker et al., 2021). `promote` takes its top floor(n / reduction_factor) by that ranking; `stop`
     lets a trial go on if it ranks in the top ceil(n / reduction_factor) of the rung with it.
+
+    `rank_by="curve"` (with `type="promote"` and one objective): a rung's trials are ranked for promotion by their
+    predicted final score instead of their score at the rung (after freeze-thaw: the curve, not the point, says
+    which paused trial to continue). The prediction is a ridge regression, fitted at each promotion, of the score
+    at `max_steps` (while fewer than `MIN_CURVES` of the rung's trials got there: at the next rung) on the score at
+    the rung and its change over the step before, learnt from the rung's trials that went further; with fewer than
+    `MIN_CURVES` of those, the score at the rung ranks as with `rank_by="value"` (the default).
     """
 
     multi_objective: ClassVar[bool] = True  # it can rank several objectives; `pareto` says whether this run does
 
     def __init__(self, controller: Controller, *, max_steps: int, grace_period: int = 1, reduction_factor: int = 3,
-                 brackets: int = 1, type: Literal["stop", "promote"] = "stop") -> None:
+                 brackets: int = 1, type: Literal["stop", "promote"] = "stop",
+                 rank_by: Literal["value", "curve"] = "value") -> None:
         super().__init__(controller)
         self.max_steps = check_int("max_steps", max_steps, minimum=1)
         self.grace_period = check_int("grace_period", grace_period, minimum=1)
@@ -59,6 +69,12 @@ class ASHA(Scheduler):
         self.paused: set[int] = set()
         # this run's fact: several objectives or constraints, so rungs rank by front and crowding (MO-ASHA)
         self.pareto: bool = len(self.metrics) > 1 or bool(self.constraints)
+        self.rank_by = check_choice("rank_by", rank_by, RANKINGS)
+        if self.rank_by == "curve" and (self.type != "promote" or self.pareto):
+            raise ValueError(f"rank_by='curve' ranks paused trials for promotion by one objective; it needs "
+                             f"type='promote' and one metric without constraints, got type={self.type!r}, "
+                             f"metric={list(self.metrics)}, constraints={[str(c) for c in self.constraints]}")
+        self.curves: dict[int, dict[int, float]] = {}  # trial -> step -> score, with rank_by="curve"
 
     def _milestones(self, bracket: int) -> list[int]:
         steps, k = [], bracket
@@ -85,13 +101,19 @@ class ASHA(Scheduler):
         bracket = self.bracket_of.get(trial_id, 0)
         rungs, recorded = self.rungs[bracket], self.recorded[bracket]
         if result.step >= self.max_steps:
+            if self.rank_by == "curve":
+                self.curves.setdefault(trial_id, {})[result.step] = self.rung_score(result)
             self.reached[trial_id] = len(rungs)
+            self.reach(trial_id, result)
             return STOP
         score = self.rung_score(result)
+        if self.rank_by == "curve":
+            self.curves.setdefault(trial_id, {})[result.step] = score
         for k in reversed(range(len(rungs))):  # the highest rung reached and not recorded yet
             if result.step < rungs[k] or trial_id in recorded[k]:
                 continue
             self.reached[trial_id] = k
+            self.reach(trial_id, result)
             if self.type == "stop" and self.pareto:
                 recorded[k][trial_id] = score
                 kept = math.ceil(len(recorded[k]) / self.reduction_factor)
@@ -137,12 +159,42 @@ class ASHA(Scheduler):
         for bracket, recorded in enumerate(self.recorded):
             for k in reversed(range(len(recorded))):
                 rung = recorded[k]
-                for trial_id in self.ranked(rung)[:len(rung) // self.reduction_factor]:
+                order = self.by_curve(bracket, k) if self.rank_by == "curve" else self.ranked(rung)
+                for trial_id in order[:len(rung) // self.reduction_factor]:
                     if trial_id not in self.promoted[bracket][k] and trial_id in self.paused:
                         self.promoted[bracket][k].add(trial_id)
                         self.paused.discard(trial_id)
                         return trial_id
         return None
+
+    def by_curve(self, bracket: int, k: int) -> list[int]:
+        """Rung k's trials, best predicted final score first (`rank_by="curve"`); by score at the rung while the
+        rung's curve model has too few trials to learn from."""
+        rung, rungs = self.recorded[bracket][k], self.rungs[bracket]
+        step = rungs[k]
+        later = [self.max_steps] + ([rungs[k + 1]] if k + 1 < len(rungs) else [])
+        for target in later:
+            learnt = [t for t in rung if target in self.curves.get(t, {})]
+            if len(learnt) >= MIN_CURVES:
+                break
+        else:
+            return self.ranked(rung)
+        x = np.array([self._curve_features(t, step) for t in learnt])
+        y = np.array([self.curves[t][target] for t in learnt])
+        finite = np.isfinite(x).all(axis=1) & np.isfinite(y)
+        if finite.sum() < MIN_CURVES:
+            return self.ranked(rung)
+        x, y = x[finite], y[finite]
+        weights = np.linalg.solve(x.T @ x + 1e-3 * np.eye(x.shape[1]), x.T @ y)
+        predicted = {t: float(np.dot(self._curve_features(t, step), weights)) for t in rung}
+        return sorted(rung, key=lambda t: -predicted[t] if np.isfinite(predicted[t]) else np.inf)
+
+    def _curve_features(self, trial_id: int, step: int) -> list[float]:
+        """1, the trial's score at `step`, and its change since the step before (0 at the first step)."""
+        curve = self.curves.get(trial_id, {})
+        value = curve.get(step, float("-inf"))
+        before = curve.get(step - 1, value)
+        return [1.0, value, value - before]
 
     @property
     def first_rung(self) -> int:
@@ -155,4 +207,4 @@ class ASHA(Scheduler):
 
     def describe(self) -> dict[str, Any]:
         return {"scheduler": type(self).__name__, "type": self.type, "reduction_factor": self.reduction_factor,
-                "max_steps": self.max_steps, "rungs": [list(r) for r in self.rungs]}
+                "max_steps": self.max_steps, "rungs": [list(r) for r in self.rungs], "rank_by": self.rank_by}
