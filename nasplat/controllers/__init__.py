@@ -22,6 +22,7 @@ from nasplat.controllers.base import (
 )
 from nasplat.controllers.evolution import RegularizedEvolution
 from nasplat.controllers.local_search import LocalSearch
+from nasplat.controllers.mf_model import ModelBasedMultiFidelity
 from nasplat.controllers.mo_evolution import MultiObjectiveEvolution
 from nasplat.controllers.optuna_sampler import OptunaSampler
 from nasplat.controllers.pbt import PopulationBasedTraining
@@ -39,6 +40,7 @@ CONTROLLERS: Registry[type[Controller]] = Registry("controller", {
     "optuna": OptunaSampler,
     "local_search": LocalSearch,
     "predictor": Predictor,
+    "mobster": ModelBasedMultiFidelity,
 })
 # Set by the experiment itself (its space, metric, mode and seed), never as a controller option.
 EXPERIMENT_LEVEL = ("space", "metric", "mode", "constraints", "seed")
@@ -70,7 +72,8 @@ def check_controller_options(cls: type[Controller], options: Mapping[str, Any] |
 
 __all__ = [
     "CONTINUE", "CONTROLLERS", "PAUSE", "STOP", "Continue", "Controller", "Decision", "Exploit", "LocalSearch",
-    "MultiObjectiveEvolution", "OptunaSampler", "Pause", "PopulationBasedTraining", "Predictor", "RandomSearch",
+    "ModelBasedMultiFidelity", "MultiObjectiveEvolution", "OptunaSampler", "Pause", "PopulationBasedTraining",
+    "Predictor", "RandomSearch",
     "RegularizedEvolution", "Reinforce", "Result", "Searcher", "Stop", "TrialSpec", "check_controller_options",
     "controller_options",
 ]

@@ -125,6 +125,16 @@ class Searcher(ABC):
         """An intermediate report; the default lets every trial run to its step budget."""
         return CONTINUE
 
+    def on_rung(self, trial_id: int, result: Result) -> None:
+        """The trial's report at a rung of the schedule that wraps this searcher, its fidelity `result.step`.
+
+        A scheduler calls it for every rung every trial reaches, and for the last report of a trial that ends
+        between rungs or at `max_steps`, whatever happens next (it goes on, pauses, stops or completes; a failed
+        report is never one). `tell` still comes once per trial, where the scheduler documents it: a controller
+        that learns from partial training (a model of the metric over config and fidelity) learns here. Called in
+        the order of the reports, so a resume replays it exactly. The default: nothing (the controller learns from
+        `tell` only)."""
+
     def snapshot_due(self, trial_id: int, step: int) -> bool:
         """Whether a later exploit may copy the trial's state as of `step`; executors then keep a copy of it,
         so that the exploit need not wait for the donor's running step. The default: never."""

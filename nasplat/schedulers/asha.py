@@ -86,12 +86,14 @@ class ASHA(Scheduler):
         rungs, recorded = self.rungs[bracket], self.recorded[bracket]
         if result.step >= self.max_steps:
             self.reached[trial_id] = len(rungs)
+            self.reach(trial_id, result)
             return STOP
         score = self.rung_score(result)
         for k in reversed(range(len(rungs))):  # the highest rung reached and not recorded yet
             if result.step < rungs[k] or trial_id in recorded[k]:
                 continue
             self.reached[trial_id] = k
+            self.reach(trial_id, result)
             if self.type == "stop" and self.pareto:
                 recorded[k][trial_id] = score
                 kept = math.ceil(len(recorded[k]) / self.reduction_factor)

@@ -25,7 +25,9 @@ class Scheduler(Searcher):
     The wrapped controller is told each trial's result once, at the rung where the trial ended: when the engine
     ends it (completed, stopped, failed) or, for schedulers that pause (ASHA's `promote` type), when it first pauses
     (`tell_now`). A trial promoted later and ending higher up is not told again, so the wrapped controller's
-    population holds each trial at the fidelity where it first left the schedule.
+    population holds each trial at the fidelity where it first left the schedule. Every rung a trial reaches, and
+    its last report, also reach the wrapped controller's `on_rung` (`reach`), in order: a controller that learns
+    from every fidelity (`nasplat.controllers.mf_model`) learns there, paused, stopped and promoted trials alike.
     """
 
     def __init__(self, controller: Controller) -> None:
@@ -40,6 +42,7 @@ class Scheduler(Searcher):
         self.controller = controller
         self.rng = np.random.default_rng([controller.seed, 0x5C4E])  # the scheduler's own stream (brackets)
         self.told: set[int] = set()
+        self.rung_steps: dict[int, int] = {}  # trial -> the step of its latest report handed to `on_rung`
 
     # -- the wrapped controller's objectives -----------------------------------------------------------
     @property
@@ -89,8 +92,18 @@ class Scheduler(Searcher):
         """A new trial starts (assign it a bracket, say). The default: nothing."""
 
     def tell(self, trial_id: int, result: Result) -> None:
-        """A trial ended: the wrapped controller learns its result, unless it learnt it when the trial paused."""
+        """A trial ended: its last report reaches `on_rung` (`reach`), and the wrapped controller learns its result,
+        unless it learnt it when the trial paused."""
+        self.reach(trial_id, result)
         self.tell_now(trial_id, result)
+
+    def reach(self, trial_id: int, result: Result) -> None:
+        """Hand the wrapped controller's `on_rung` a report at a rung (or a trial's last), once per trial and step;
+        failed reports are left out."""
+        if result.failed or result.step <= self.rung_steps.get(trial_id, 0):
+            return
+        self.rung_steps[trial_id] = result.step
+        self.controller.on_rung(trial_id, result)
 
     def tell_now(self, trial_id: int, result: Result) -> None:
         """Tell the wrapped controller `result` unless it was told about the trial already."""

@@ -1,0 +1,212 @@
+"""Asynchronous model-based multi-fidelity search (after MOBSTER, Klein et al. 2020): a Gaussian process over
+(config, fidelity) learned from every rung of every trial, proposing into a scheduler (ASHA, Hyperband) by
+expected improvement at the highest fidelity.
+
+The model is scikit-learn's `GaussianProcessRegressor` (a Matern 5/2 kernel with one length scale per input,
+plus noise) over the `Encoder` features of a config and the log of the step it was measured at.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from nasplat.controllers.base import Controller, Result, TrialSpec
+from nasplat.controllers.surrogate.encoding import Encoder
+from nasplat.core.checks import check_int, check_real
+from nasplat.space import Config, Space
+from nasplat.space.domains import config_key, copy_config
+
+
+class ModelBasedMultiFidelity(Controller):
+    """Proposes configs by a model of the metric over (config, fidelity), for a scheduler to run (MOBSTER).
+
+    It learns from every rung every trial reaches (`on_rung`: paused, stopped, promoted and completed trials alike;
+    wrapped in no scheduler, from each trial's last report by `tell`), one observation per (trial, step). The first
+    `initial_samples` trials are random, and so is a share `random_fraction` of the later ones (drawn from its
+    seeded stream). Otherwise each `ask`:
+
+    1. fits a Gaussian process (scikit-learn's, Matern 5/2 with one length scale per input, plus white noise) to
+       the maximised scores over the config's encoding and log(step); the kernel's hyperparameters are fitted
+       again (from their last values) after every `refit_every` new observations, and kept in between. At most
+       `max_points` observations train it, the highest fidelities first (then the latest): the cost of an `ask`
+       stays bounded however long the search;
+    2. conditions it on the trials still running without an observation (their configs at the target fidelity,
+       at the model's mean: the "kriging believer"), so that several workers do not get the same region;
+    3. gathers candidates: a pool of `pool_size` random configs (drawn once, topped up as they are proposed),
+       every neighbour (`Space.neighbours`) of the
+       `num_parents` configs with the best predicted score and `mutations` mutations of them, leaving out every
+       config proposed before;
+    4. proposes the candidate with the highest expected improvement at the target fidelity over the best
+       predicted score of an observed config there. The target fidelity is `max_steps`, or the highest step
+       observed so far when None.
+    """
+
+    def __init__(self, space: Space | Mapping[str, Any], *, initial_samples: int = 10, max_steps: int | None = None,
+                 max_points: int = 256, refit_every: int = 10, pool_size: int = 500, num_parents: int = 3,
+                 mutations: int = 20, random_fraction: float = 0.0, **kwargs: Any) -> None:
+        super().__init__(space, **kwargs)
+        for name, value, low in (("initial_samples", initial_samples, 1), ("max_points", max_points, 2),
+                                 ("refit_every", refit_every, 1), ("pool_size", pool_size, 1),
+                                 ("num_parents", num_parents, 0), ("mutations", mutations, 0)):
+            check_int(name, value, minimum=low)
+        check_int("max_steps", max_steps, minimum=1, optional=True)
+        check_real("random_fraction", random_fraction, minimum=0, maximum=1)
+        self.initial_samples, self.max_steps, self.max_points = initial_samples, max_steps, max_points
+        self.refit_every, self.pool_size, self.num_parents = refit_every, pool_size, num_parents
+        self.mutations, self.random_fraction = mutations, float(random_fraction)
+        self.encoder = Encoder(self.space)
+        self.configs: dict[int, Config] = {}  # trial -> its config
+        self.encodings: dict[int, np.ndarray] = {}  # trial -> its config's encoding
+        self.pool: tuple[list[Any], list[Config], np.ndarray] = ([], [], np.zeros((0, self.encoder.size)))
+        self.seen: set[Any] = set()  # keys of every config proposed
+        self.observed: dict[tuple[int, int], float] = {}  # (trial, step) -> maximised score, in order of arrival
+        self.pending: set[int] = set()  # trials proposed and not yet observed
+        self.kernel: Any = None  # the fitted kernel (hyperparameters), None before the first fit
+        self.fitted_at = 0  # observations when the hyperparameters were last fitted
+
+    # -- learning ---------------------------------------------------------------------------------------------
+    def on_rung(self, trial_id: int, result: Result) -> None:
+        """A rung's report: one more observation of the trial's config at fidelity `result.step`."""
+        self._observe(trial_id, result)
+
+    def tell(self, trial_id: int, result: Result) -> None:
+        """A trial ended: its last report is an observation too (once per step), a failure is recorded."""
+        score = self._score_of(trial_id, result)
+        if score is not None:
+            self._observe(trial_id, result, score)
+        self.pending.discard(trial_id)
+
+    def _observe(self, trial_id: int, result: Result, score: float | None = None) -> None:
+        score = self.score(result) if score is None else score
+        if score is None or trial_id not in self.configs or result.step < 1:
+            return
+        self.observed.setdefault((trial_id, int(result.step)), score)
+        self.pending.discard(trial_id)
+
+    # -- proposing --------------------------------------------------------------------------------------------
+    def ask(self) -> TrialSpec:
+        explore = self.random_fraction > 0 and self.rng.random() < self.random_fraction
+        if len(self.observed) < self.initial_samples or explore:
+            return self._remember(self.space.sample_unseen(self.rng, self.seen))
+        from sklearn.gaussian_process import GaussianProcessRegressor  # noqa: F401  (loads scipy's BLAS first)
+        from threadpoolctl import threadpool_limits  # a dependency of scikit-learn
+
+        # BLAS on one thread: on matrices this small more threads only add synchronisation (a 250 x 250 Cholesky
+        # took 0.1-0.3 s on two threads of a busy machine, 3 ms on one); the libraries loaded now, scipy's included
+        with threadpool_limits(limits=1, user_api="blas"):
+            return self._propose_by_model()
+
+    def _propose_by_model(self) -> TrialSpec:
+        model, target, trained = self._fit()
+        configs, encoded = self.candidates(model, target, trained)
+        if not configs:
+            return self._remember(self.space.sample_unseen(self.rng, self.seen))
+        mean, std = model.predict(_at(encoded, target), return_std=True)
+        incumbent = float(np.max(model.predict(_at(self._encoded(trained), target))))
+        return self._remember(copy_config(configs[int(np.argmax(expected_improvement(mean, std, incumbent)))]))
+
+    def target(self) -> int:
+        """The fidelity proposals are judged at: `max_steps`, else the highest step observed."""
+        return self.max_steps or max(step for _, step in self.observed)
+
+    def candidates(self, model: Any, target: int, trained: list[int]) -> tuple[list[Config], np.ndarray]:
+        """Unproposed configs with their encodings: the random pool (drawn once, topped up to `pool_size` as its
+        configs are proposed), and the neighbours and mutations of the `num_parents` configs among `trained`
+        with the best predicted score at `target`."""
+        parents: list[Config] = []
+        if self.num_parents and trained:
+            predicted = model.predict(_at(self._encoded(trained), target))
+            parents = [self.configs[trained[i]] for i in np.argsort(-predicted, kind="stable")[:self.num_parents]]
+        local = [c for parent in parents for c in self.space.neighbours(parent, self.rng)]
+        local += [self.space.mutate(parents[i % len(parents)], self.rng) for i in range(self.mutations)] if (
+            parents) else []
+        keys, configs, rows = self._top_up_pool()
+        chosen: dict[Any, int] = {}
+        for index, config in enumerate(local):
+            key = config_key(config)
+            if key not in self.seen and key not in chosen and key not in keys:
+                chosen[key] = index
+        picked = [local[i] for i in chosen.values()]
+        encoded = np.vstack([self.encoder.encode_many(picked), rows]) if picked else rows
+        return picked + configs, encoded
+
+    def _top_up_pool(self) -> tuple[set[Any], list[Config], np.ndarray]:
+        keys, configs, rows = self.pool
+        kept = [i for i, key in enumerate(keys) if key not in self.seen]
+        keys, configs, rows = [keys[i] for i in kept], [configs[i] for i in kept], rows[kept]
+        fresh = [self.space.sample(self.rng) for _ in range(self.pool_size - len(kept))]
+        if fresh:
+            keys += [config_key(c) for c in fresh]
+            configs += fresh
+            rows = np.vstack([rows, self.encoder.encode_many(fresh)])
+        self.pool = keys, configs, rows
+        return set(keys), configs, rows
+
+    def _encoded(self, trials: list[int]) -> np.ndarray:
+        return np.vstack([self.encodings[t] for t in trials])
+
+    def training_set(self) -> tuple[np.ndarray, np.ndarray, list[int]]:
+        """The model's inputs and maximised scores, and the trials they come from: at most `max_points`
+        observations, the highest fidelities first, then the latest."""
+        rows = list(self.observed.items())
+        order = sorted(range(len(rows)), key=lambda i: (-rows[i][0][1], -i))[:self.max_points]
+        chosen = [rows[i] for i in sorted(order)]
+        trials = [trial for (trial, _), _ in chosen]
+        inputs = np.hstack([self._encoded(trials), np.log([[step] for (_, step), _ in chosen])])
+        return inputs, np.array([score for _, score in chosen]), sorted(set(trials))
+
+    def _fit(self) -> tuple[Any, int, list[int]]:
+        """The model conditioned on the observations and on the pending trials' believed scores (its
+        hyperparameters fitted again where `refit_every` new observations arrived since the last fit), the
+        target fidelity, and the trials it was trained on."""
+        from sklearn.gaussian_process import GaussianProcessRegressor
+        from sklearn.gaussian_process.kernels import ConstantKernel, Matern, WhiteKernel
+
+        inputs, scores, trained = self.training_set()
+        target = self.target()
+        refit = self.kernel is None or len(self.observed) - self.fitted_at >= self.refit_every
+        if self.kernel is None:
+            self.kernel = (ConstantKernel(1.0, (1e-2, 1e2)) * Matern(np.ones(inputs.shape[1]), (1e-2, 1e2), nu=2.5)
+                           + WhiteKernel(1e-2, (1e-6, 1.0)))
+        model = GaussianProcessRegressor(self.kernel, normalize_y=True, optimizer="fmin_l_bfgs_b" if refit else None)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # hyperparameters at their bounds (one-hot columns never varied)
+            model.fit(inputs, scores)
+        if refit:
+            self.kernel, self.fitted_at = model.kernel_, len(self.observed)
+        pending = sorted(self.pending)
+        if pending:
+            believed_at = _at(self._encoded(pending), target)
+            believed = model.predict(believed_at)
+            model = GaussianProcessRegressor(self.kernel, normalize_y=True, optimizer=None)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                model.fit(np.vstack([inputs, believed_at]), np.concatenate([scores, believed]))
+        return model, target, trained
+
+    def _remember(self, config: Config) -> TrialSpec:
+        self.seen.add(config_key(config))
+        spec = self._propose(config)
+        self.configs[spec.trial_id] = copy_config(config)
+        self.encodings[spec.trial_id] = self.encoder.encode(config).astype(float)
+        self.pending.add(spec.trial_id)
+        return spec
+
+
+def _at(encoded: np.ndarray, step: int) -> np.ndarray:
+    """Encoded configs with the fidelity column: log(step)."""
+    return np.hstack([encoded.astype(float), np.full((len(encoded), 1), math.log(step))])
+
+
+def expected_improvement(mean: np.ndarray, std: np.ndarray, best: float) -> np.ndarray:
+    """E[max(f - best, 0)] for f ~ N(mean, std^2), elementwise (the improvement itself where std is 0)."""
+    from scipy.special import ndtr  # scipy comes with scikit-learn
+
+    std = np.maximum(std, 1e-12)
+    z = (mean - best) / std
+    return (mean - best) * ndtr(z) + std * np.exp(-0.5 * z * z) / math.sqrt(2 * math.pi)

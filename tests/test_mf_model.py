@@ -1,0 +1,251 @@
+"""Issue 31: every rung a trial reaches reaches the wrapped controller (`Searcher.on_rung`), and the model-based
+multi-fidelity controller (`mobster`) that learns from them, on every executor, resumed exactly."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+import nasplat
+from nasplat.controllers import ModelBasedMultiFidelity, RandomSearch, Result
+from nasplat.schedulers import ASHA, Hyperband
+from nasplat.storage import read_rows
+
+BIN = Path(sys.executable).parent
+
+# A multi-fidelity objective: the value at step t approaches the final value, more slowly for larger x, so the first
+# steps rank configs imperfectly; each step costs one simulated second.
+TOY = """
+import math
+from nasplat import Choice, Float, Trainer
+
+SPACE = {"x": Float(0.0, 1.0), "y": Float(1e-3, 1.0, log=True), "k": Choice(["a", "b", "c"])}
+
+def final(c):
+    return -(c["x"] - 0.7) ** 2 - 0.3 * (math.log10(c["y"]) + 1.5) ** 2 + {"a": 0.0, "b": 0.2, "c": -0.1}[c["k"]]
+
+class Curve(Trainer):
+    def setup(self, config, ctx):
+        self.c, self.t = config, 0
+    def step(self):
+        self.t += 1
+        return {"score": final(self.c) - (0.2 + 0.8 * self.c["x"]) / (1 + self.t), "t": self.t, "time_cost": 1.0}
+    def state_dict(self):
+        return {"t": self.t}
+    def load_state_dict(self, state):
+        self.t = state["t"]
+"""
+
+
+@pytest.fixture
+def toy(tmp_path, monkeypatch):
+    (tmp_path / "toy_mf.py").write_text(TOY)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
+    import importlib
+
+    return importlib.import_module("toy_mf")
+
+
+class Recording(RandomSearch):
+    """Random search that records every rung it is handed and every tell."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.rungs: list[tuple[int, int]] = []
+        self.tells: list[tuple[int, int]] = []
+
+    def on_rung(self, trial_id, result):
+        self.rungs.append((trial_id, result.step))
+
+    def tell(self, trial_id, result):
+        self.tells.append((trial_id, result.step))
+        super().tell(trial_id, result)
+
+
+def _expected_rungs(rows, milestones, max_steps):
+    """(trial, step) of each rung each trial reached, and of its last report."""
+    last = {}
+    for row in rows:
+        last[row["trial_id"]] = row["step"]
+    return sorted({(t, s) for t, end in last.items() for s in [*milestones, end] if s <= end and s <= max_steps})
+
+
+@pytest.mark.parametrize("kind", ["promote", "stop"])
+def test_every_rung_of_every_trial_reaches_the_wrapped_controller(toy, kind):
+    controller = Recording(toy.SPACE, metric="score", seed=0)
+    scheduler = ASHA(controller, max_steps=9, grace_period=1, reduction_factor=3, type=kind)
+    result = nasplat.run(trainer=toy.Curve, space=toy.SPACE, metric="score", controller=controller,
+                         scheduler=scheduler, executor="simulated", concurrency=3, max_trials=30, max_steps=9, seed=0)
+    expected = _expected_rungs(result.rows, [1, 3], 9)
+    assert sorted(controller.rungs) == expected  # each rung once, promoted trials' higher rungs included
+    assert len(controller.rungs) == len(set(controller.rungs))
+    assert {t for t, s in controller.rungs if s == 9} == {r["trial_id"] for r in result.rows if r["step"] == 9} != set()
+    assert len({t for t, _ in controller.tells}) == len(controller.tells) == 30  # still one tell per trial
+    if kind == "promote":  # told at the first rung it paused at, yet handed the higher ones
+        assert any(s < 9 for t, s in controller.tells if (t, 9) in controller.rungs)
+
+
+def test_the_model_sees_every_rung_with_its_fidelity(toy):
+    controller = ModelBasedMultiFidelity(toy.SPACE, metric="score", seed=1, initial_samples=5, pool_size=100)
+    result = nasplat.run(trainer=toy.Curve, space=toy.SPACE, metric="score", controller=controller,
+                         scheduler=Hyperband(controller, max_steps=9, type="promote"), executor="simulated",
+                         concurrency=4, max_trials=40, max_steps=9, seed=1)
+    rows = {(r["trial_id"], r["step"]): r["score"] for r in result.rows}
+    rungs = [(0, [1, 3]), (1, [3]), (2, [])]  # Hyperband's brackets' rungs below max_steps=9
+    last = {t: s for (t, s) in rows}
+    expected = {(t, s) for t, end in last.items() for s in [*rungs[controller_bracket(result, t)][1], end] if s <= end}
+    assert set(controller.observed) == expected
+    assert all(controller.observed[key] == pytest.approx(rows[key]) for key in expected)
+    assert max(s for _, s in controller.observed) == 9 and min(s for _, s in controller.observed) == 1
+
+
+def controller_bracket(result, trial_id):
+    """The bracket of a trial from the first rung recorded in its rows (0: it reached step 1's rung, ...)."""
+    first = min((r["step"] for r in result.rows if r["trial_id"] == trial_id and r.get("rung") is not None),
+                default=9)
+    return {1: 0, 3: 1}.get(first, 2)
+
+
+def test_the_model_proposes_better_configs_than_random_search_at_the_same_budget(toy):
+    """Same driver, 60 trials each through ASHA's rungs by hand: the model's last 20 proposals score higher at
+    the full fidelity than random search's, on each of three seeds."""
+    for seed in range(3):
+        means = []
+        for controller in (ModelBasedMultiFidelity(toy.SPACE, metric="score", seed=seed, initial_samples=8,
+                                                   pool_size=200),
+                           RandomSearch(toy.SPACE, metric="score", seed=seed)):
+            finals = []
+            for _ in range(60):
+                spec = controller.ask()
+                finals.append(toy.final(spec.config))
+                for step in (1, 3, 9):
+                    value = toy.final(spec.config) - (0.2 + 0.8 * spec.config["x"]) / (1 + step)
+                    controller.on_rung(spec.trial_id, Result({"score": value}, step))
+                    if step == 3 and value < -0.3:
+                        break
+                controller.tell(spec.trial_id, Result({"score": value}, step))
+            means.append(np.mean(finals[-20:]))
+        assert means[0] > means[1] + 0.1, (seed, means)
+
+
+def test_bad_options_are_one_line():
+    with pytest.raises(ValueError, match="max_points") as info:
+        ModelBasedMultiFidelity({"x": nasplat.Float(0, 1)}, metric="s", max_points=1)
+    assert "\n" not in str(info.value)
+    with pytest.raises(ValueError, match="random_fraction"):
+        ModelBasedMultiFidelity({"x": nasplat.Float(0, 1)}, metric="s", random_fraction=1.5)
+
+
+# -- every executor, the YAML and Python forms ----------------------------------------------------------------
+def _check_run(result, trials):
+    steps = {}
+    for row in result.rows:
+        steps[row["trial_id"]] = row["step"]
+    assert len(steps) == trials
+    assert all(row["t"] == row["step"] for row in result.rows)  # promoted trials went on from their state
+    assert max(steps.values()) == 9 and min(steps.values()) == 1  # stopped early and trained to the end
+    configs = {tuple(sorted(r["config"].items())) for r in result.rows}
+    assert len(configs) == trials  # no config proposed twice
+
+
+@pytest.mark.parametrize("executor", ["local", "processes", "simulated"])
+def test_mobster_runs_on_each_executor(toy, executor):
+    result = nasplat.run(trainer="toy_mf:Curve", space="toy_mf:SPACE", metric="score", controller="mobster",
+                         controller_options={"initial_samples": 4, "pool_size": 50}, executor=executor,
+                         concurrency=2, max_trials=14, max_steps=9, seed=3,
+                         scheduler={"name": "asha", "type": "promote"})
+    _check_run(result, 14)
+
+
+def test_mobster_runs_on_the_ray_executor(toy, ray_session):
+    result = nasplat.run(trainer=toy.Curve, space=toy.SPACE, metric="score", controller="mobster",
+                         controller_options={"initial_samples": 4, "pool_size": 50}, executor="ray",
+                         concurrency=2, max_trials=10, max_steps=9, seed=3, scheduler={"name": "asha", "type": "stop"})
+    _check_run(result, 10)
+
+
+def test_mobster_from_yaml(toy, tmp_path):
+    path = tmp_path / "exp.yaml"
+    path.write_text(yaml.safe_dump({
+        "name": "mf", "trainer": "toy_mf:Curve", "space": "toy_mf:SPACE", "metric": "score",
+        "controller": {"name": "mobster", "initial_samples": 4, "pool_size": 50}, "executor": "simulated",
+        "budget": {"max_trials": 12, "max_steps": 9}, "resources": {"concurrency": 3},
+        "scheduler": {"name": "hyperband", "type": "promote"}, "seed": 2}))
+    done = subprocess.run([sys.executable, "-m", "nasplat.cli", "run", str(path), "--storage", str(tmp_path),
+                           "--quiet"], capture_output=True, text=True, timeout=300, env=os.environ)
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = read_rows(tmp_path / "mf" / "results.jsonl")
+    assert len({r["trial_id"] for r in rows}) == 12 and max(r["step"] for r in rows) == 9
+
+
+# -- resumed exactly ------------------------------------------------------------------------------------------
+DRIVER = """
+import os, signal, sys
+import nasplat
+from nasplat.storage import files
+
+rows, kill_after = [0], int(os.environ["KILL_AFTER"])
+append = files.RowLog.append
+
+def append_then_die(self, item):
+    append(self, item)
+    if "step" in item:
+        rows[0] += 1
+        if rows[0] == kill_after:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+files.RowLog.append = append_then_die
+nasplat.run(trainer="toy_mf:Curve", space="toy_mf:SPACE", metric="score", executor=sys.argv[3],
+            concurrency=int(sys.argv[4]), max_trials=24, max_steps=9, seed=4, controller="mobster",
+            controller_options={"initial_samples": 5, "pool_size": 60, "refit_every": 4},
+            scheduler={"name": "asha", "type": "promote"}, storage=sys.argv[1], name=sys.argv[2], checkpoint=True)
+"""
+
+
+def _drive(tmp_path: Path, name: str, kill_after: int, executor: str, concurrency: int
+           ) -> subprocess.CompletedProcess:
+    env = {**os.environ, "KILL_AFTER": str(kill_after)}
+    return subprocess.run([sys.executable, "-c", DRIVER, str(tmp_path), name, executor, str(concurrency)], env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+def _decisions(folder: Path) -> list[tuple]:
+    return [(r["trial_id"], r["step"], r["status"], r["t"], round(r["score"], 12), tuple(sorted(r["config"].items())))
+            for r in read_rows(folder / "results.jsonl")]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("executor, concurrency", [("local", 1), ("simulated", 3)])
+def test_a_killed_model_based_search_resumes_to_the_same_decisions(toy, tmp_path, executor, concurrency):
+    """Replay rebuilds the model's decisions: every recorded decision is taken again, and every trial keeps the
+    config it was proposed with. On one worker the resumed run is the uninterrupted one, row for row; on several
+    the trials running at the kill go on from their checkpoints in another order than they would have (for every
+    controller), so the later proposals may differ and only the replay is compared."""
+    whole = _drive(tmp_path, "whole", 0, executor, concurrency)
+    assert whole.returncode == 0, whole.stderr[-2000:]
+    expected = _decisions(tmp_path / "whole")
+    kill_after = 30  # past the random start: the model has proposed trials and paused some
+    killed = _drive(tmp_path, "killed", kill_after, executor, concurrency)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    before = _decisions(tmp_path / "killed")
+    assert before == expected[:kill_after]  # the same run up to the kill
+    resumed = subprocess.run([str(BIN / "nasplat"), "resume", str(tmp_path / "killed"), "--quiet"], env=os.environ,
+                             capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert "differ" not in resumed.stderr + resumed.stdout  # the replayed model took every recorded decision
+    after = _decisions(tmp_path / "killed")
+    configs: dict[int, set] = {}
+    for row in after:
+        configs.setdefault(row[0], set()).add(row[5])
+    assert all(len(c) == 1 for c in configs.values()) and len(configs) == 24  # each trial kept its proposal
+    assert len({r[0] for r in after[kill_after:] if r[1] == 1}) >= 5  # the resumed model proposed new trials
+    if concurrency == 1:
+        assert after == expected  # the same proposals (configs), promotions and decisions, row for row
