@@ -64,7 +64,8 @@ def methods(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
     asha = {"name": "asha", "grace_period": args.grace_period, "reduction_factor": 3}
     evolution = {"controller": "evolution", "controller_options": {"population_size": args.population,
                                                                    "sample_size": 3}}
-    mobster = {"controller": "mobster", "controller_options": {"max_steps": args.max_steps}}
+    mobster = {"controller": "mobster",
+               "controller_options": {"max_steps": args.max_steps, **json.loads(args.mobster_options)}}
     return {
         "full": {"max_trials": args.full_trials},
         "asha-random-stop": {"scheduler": {**asha, "type": "stop"}},
@@ -161,6 +162,7 @@ def main() -> None:
     parser.add_argument("--cpus", type=int, default=2)
     parser.add_argument("--methods", default=None,
                         help="comma-separated subset of: " + ", ".join(ALL_METHODS) + " (full and tune-asha always)")
+    parser.add_argument("--mobster-options", default="{}", help="JSON of more options of the mobster controller")
     args = parser.parse_args()
     chosen = ALL_METHODS if args.methods is None else ["full", "tune-asha", *args.methods.split(",")]
     unknown = sorted(set(chosen) - set(ALL_METHODS))
