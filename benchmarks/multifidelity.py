@@ -11,15 +11,24 @@ actor a trial:
   asha-*           nasplat ASHA (grace period 1, reduction factor 3: rungs at 1, 3 and 9 epochs) around random
                    search or evolution, type stop or promote (`--trials` new trials each)
   hyperband        nasplat asynchronous Hyperband around random search, type promote
+  asha-mobster-*   nasplat ASHA around its model-based multi-fidelity controller (`mobster`: a Gaussian process over
+                   config x epochs learned from every rung, expected improvement at max_steps), stop or promote
   tune-asha        Ray Tune's ASHAScheduler, same rule parameters, same configs as asha-random-*, same trainer
                    and trial seeds
+  tune-bohb        Ray Tune's BOHB (`TuneBOHB` + `HyperBandForBOHB`, reduction factor 3, max_t max_steps), the same
+                   space as a ConfigSpace, the same trainer (trial seeds from the config), `--trials` trials
+                   (`benchmarks/multifidelity_bohb.py`)
+
+Both sides keep their results on disk (nasplat its experiment folder, Tune its own) in one temporary folder, and
+both clocks stop when the search call (`nasplat.run`, `Tuner.fit`) returns. `--methods` runs a subset.
 
 Each method's trace is its best validation accuracy so far after each epoch, epochs counted in the order steps
 finished. The table gives, per method (mean over seeds), the epochs used, the best validation accuracy and that
 row's test accuracy, wall seconds. Then: the best each multi-fidelity method had after a third of full random
 search's epochs, against full random search's final best (goal: within 0.3 points, mean over seeds), the fewest
-epochs after which its mean trace came that close, and the comparison with Tune at an equal epoch budget. Last
-line: JSON.
+epochs after which its mean trace came that close, the comparison with Tune at an equal epoch budget, and the
+model-based method against every other method at an equal epoch budget (goal: >= each; wall <= 1/2 of Tune
+BOHB's). Last line: JSON.
 """
 
 from __future__ import annotations
@@ -36,12 +45,14 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import nasplat  # noqa: E402
-from nasplat.controllers import RandomSearch  # noqa: E402
-from nasplat.space import Space  # noqa: E402
-from nasplat.trainer import WorkerContext, start  # noqa: E402
-from search_spaces.cnn import space_1d  # noqa: E402
-from trainers.classification import ClassificationTrainer, load_dataset  # noqa: E402
+from multifidelity_bohb import run_tune_bohb
+
+import nasplat
+from nasplat.controllers import RandomSearch
+from nasplat.space import Space
+from nasplat.trainer import WorkerContext, start
+from search_spaces.cnn import space_1d
+from trainers.classification import ClassificationTrainer, load_dataset
 
 
 def search_space(args: argparse.Namespace) -> Space:
@@ -53,6 +64,8 @@ def methods(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
     asha = {"name": "asha", "grace_period": args.grace_period, "reduction_factor": 3}
     evolution = {"controller": "evolution", "controller_options": {"population_size": args.population,
                                                                    "sample_size": 3}}
+    mobster = {"controller": "mobster",
+               "controller_options": {"max_steps": args.max_steps, **json.loads(args.mobster_options)}}
     return {
         "full": {"max_trials": args.full_trials},
         "asha-random-stop": {"scheduler": {**asha, "type": "stop"}},
@@ -61,6 +74,8 @@ def methods(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
         "asha-evolution-promote": {"scheduler": {**asha, "type": "promote"}, **evolution},
         "hyperband": {"scheduler": {"name": "hyperband", "grace_period": args.grace_period, "reduction_factor": 3,
                                     "type": "promote"}},
+        "asha-mobster-stop": {"scheduler": {**asha, "type": "stop"}, **mobster},
+        "asha-mobster-promote": {"scheduler": {**asha, "type": "promote"}, **mobster},
     }
 
 
@@ -75,11 +90,13 @@ def curve(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return {"epochs": len(rows), "trace": trace, "best_valid": best["valid_acc"], "best_test": best["test_acc"]}
 
 
-def run_nasplat(name: str, options: dict[str, Any], seed: int, args: argparse.Namespace) -> dict[str, Any]:
+def run_nasplat(name: str, options: dict[str, Any], seed: int, args: argparse.Namespace,
+                storage: str) -> dict[str, Any]:
     kwargs = {"max_trials": args.trials, **options}
     began = time.perf_counter()
     result = nasplat.run(trainer=ClassificationTrainer, space=search_space(args), metric="valid_acc", executor="local",
-                         concurrency=args.concurrency, max_steps=args.max_steps, seed=seed, **kwargs)
+                         concurrency=args.concurrency, max_steps=args.max_steps, seed=seed, storage=storage,
+                         name=f"{name}-{seed}", **kwargs)
     wall = time.perf_counter() - began
     rows = [r for r in result.rows if r["status"] not in ("failed", "retried")]  # in the order they finished
     out = {**curve(rows), "wall": wall, "trials": len({r["trial_id"] for r in rows})}
@@ -122,6 +139,11 @@ def run_tune(seed: int, args: argparse.Namespace, storage: str) -> dict[str, Any
     return {**curve(rows), "wall": wall, "trials": len(grid)}
 
 
+ALL_METHODS = ["full", "asha-random-stop", "asha-random-promote", "asha-evolution-stop", "asha-evolution-promote",
+               "hyperband", "asha-mobster-stop", "asha-mobster-promote", "tune-asha", "tune-bohb"]
+MODEL_BASED = "asha-mobster-promote"
+
+
 def at_epochs(trace: list[float], epochs: int) -> float:
     """The best validation accuracy after `epochs` epochs (the last value if it used fewer)."""
     return trace[min(epochs, len(trace)) - 1]
@@ -138,7 +160,15 @@ def main() -> None:
     parser.add_argument("--grace-period", type=int, default=1, help="epochs before the first rung")
     parser.add_argument("--concurrency", type=int, default=2)
     parser.add_argument("--cpus", type=int, default=2)
+    parser.add_argument("--methods", default=None,
+                        help="comma-separated subset of: " + ", ".join(ALL_METHODS) + " (full and tune-asha always)")
+    parser.add_argument("--mobster-options", default="{}", help="JSON of more options of the mobster controller")
     args = parser.parse_args()
+    chosen = ALL_METHODS if args.methods is None else ["full", "tune-asha", *args.methods.split(",")]
+    unknown = sorted(set(chosen) - set(ALL_METHODS))
+    if unknown:
+        parser.error(f"--methods: unknown {', '.join(unknown)}; allowed: {', '.join(ALL_METHODS)}")
+    not_installed = missing_bohb_packages() if "tune-bohb" in chosen else []
     import ray
 
     ray.init(num_cpus=args.cpus, include_dashboard=False, log_to_driver=False)
@@ -147,16 +177,36 @@ def main() -> None:
     results: dict[str, list[dict[str, Any]]] = {}
     for seed in range(args.seeds):
         for name, options in methods(args).items():
-            results.setdefault(name, []).append(run_nasplat(name, options, seed, args))
+            if name not in chosen:
+                continue
+            results.setdefault(name, []).append(run_nasplat(name, options, seed, args, storage))
             shown = {k: round(v, 4) for k, v in results[name][-1].items() if k != "trace"}
             print(f"seed {seed} {name}: {json.dumps(shown)}", file=sys.stderr, flush=True)
         results.setdefault("tune-asha", []).append(run_tune(seed, args, storage))
-        print(f"seed {seed} tune-asha: {results['tune-asha'][-1]['best_valid']:.4f}", file=sys.stderr, flush=True)
+        print(f"seed {seed} tune-asha: {results['tune-asha'][-1]['best_valid']:.4f} "
+              f"{results['tune-asha'][-1]['wall']:.1f} s", file=sys.stderr, flush=True)
+        if "tune-bohb" in chosen and not not_installed:
+            bohb = run_tune_bohb(seed, args, storage)
+            results.setdefault("tune-bohb", []).append({**curve(bohb["rows"]), "wall": bohb["wall"],
+                                                        "trials": bohb["trials"]})
+            print(f"seed {seed} tune-bohb: {results['tune-bohb'][-1]['best_valid']:.4f} {bohb['wall']:.1f} s",
+                  file=sys.stderr, flush=True)
     ray.shutdown()
-    report(results, args)
+    report(results, args, not_installed)
 
 
-def report(results: dict[str, list[dict[str, Any]]], args: argparse.Namespace) -> None:
+def missing_bohb_packages() -> list[str]:
+    """'package: why' for each package Tune's BOHB needs that does not import."""
+    missing = []
+    for package in ("hpbandster", "ConfigSpace"):
+        try:
+            __import__(package)
+        except ImportError as error:
+            missing.append(f"{package}: {error}")
+    return missing
+
+
+def report(results: dict[str, list[dict[str, Any]]], args: argparse.Namespace, not_installed: list[str]) -> None:
     def mean(name: str, key: str) -> float:
         return float(np.mean([r[key] for r in results[name]]))
 
@@ -196,6 +246,7 @@ def report(results: dict[str, list[dict[str, Any]]], args: argparse.Namespace) -
     for n in multi:
         print(f"  {n:<24} nasplat {100 * equal[n]:.2f} vs tune {100 * tune_equal[n]:.2f}, wall "
               f"{mean(n, 'wall') / mean('tune-asha', 'wall'):.3f}x tune's")
+    model_based = model_based_comparison(results)
     print(json.dumps({
         "epochs_ratio_vs_full": None if reach[fastest] is None else round(reach[fastest] / full_epochs, 3),
         "ratio_variant": fastest,
@@ -208,7 +259,35 @@ def report(results: dict[str, list[dict[str, Any]]], args: argparse.Namespace) -
         "equal_budget": {"variant": best, "nasplat": round(100 * equal[best], 2),
                          "tune": round(100 * tune_equal[best], 2)},
         "wall_ratio_vs_tune": round(mean(best, "wall") / mean("tune-asha", "wall"), 3),
+        "wall": {n: round(mean(n, "wall"), 1) for n in results},
+        "seeds": args.seeds,
+        **model_based,
+        "not_installed": not_installed,
     }))
+
+
+def model_based_comparison(results: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """The model-based method against every other method at an equal epoch budget (per seed, both methods' best
+    after the fewer epochs of the two; means over seeds), printed, and its wall against Tune BOHB's."""
+    if MODEL_BASED not in results:
+        return {}
+    equal = {}
+    print(f"{MODEL_BASED} at an equal epoch budget with each method (best valid after min(epochs of both), per seed):")
+    for other, runs in results.items():
+        if other == MODEL_BASED:
+            continue
+        pairs = list(zip(results[MODEL_BASED], runs))
+        ours = float(np.mean([at_epochs(m["trace"], min(m["epochs"], o["epochs"])) for m, o in pairs]))
+        theirs = float(np.mean([at_epochs(o["trace"], min(m["epochs"], o["epochs"])) for m, o in pairs]))
+        equal[other] = [round(100 * ours, 2), round(100 * theirs, 2)]
+        print(f"  vs {other:<24} {100 * ours:.2f} vs {100 * theirs:.2f} ({100 * (ours - theirs):+.2f})")
+    out: dict[str, Any] = {"model_based": MODEL_BASED, "model_based_equal_budget": equal,
+                           "model_based_at_least_every_other": all(a >= b for a, b in equal.values())}
+    if "tune-bohb" in results:
+        ratio = np.mean([r["wall"] for r in results[MODEL_BASED]]) / np.mean([r["wall"] for r in results["tune-bohb"]])
+        out["wall_ratio_vs_tune_bohb"] = round(float(ratio), 3)
+        print(f"{MODEL_BASED} wall {ratio:.3f}x Tune BOHB's")
+    return out
 
 
 if __name__ == "__main__":
