@@ -28,7 +28,8 @@ from nasplat.controllers.pb2 import from_unit, numeric_decisions, to_unit
 from nasplat.engine.result import ExperimentResult
 from nasplat.space import Choice, Float, Int, Space
 from nasplat.storage import read_rows
-from trainers.pbt_toy import PBTToy, space as toy_space
+from trainers.pbt_toy import PBTToy
+from trainers.pbt_toy import space as toy_space
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -238,7 +239,8 @@ FIELDS = ("trial_id", "step", "status", "config", "donor_id", "score")
 def _drive(script: Path, *args: str, kill_at: int = 0) -> subprocess.CompletedProcess:
     env = {**os.environ, "KILL_AT": str(kill_at), "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get(
         "PYTHONPATH", "")])}
-    return subprocess.run([sys.executable, str(script), *args], env=env, capture_output=True, text=True, timeout=300)
+    return subprocess.run([sys.executable, str(script), *args], env=env, capture_output=True, text=True, timeout=300,
+                          check=False)
 
 
 def _decisions(folder: Path) -> list[tuple]:

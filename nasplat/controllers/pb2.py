@@ -59,7 +59,7 @@ def from_unit(domain: Int | Float, unit: float) -> int | float:
     low, high, u = float(domain.low), float(domain.high), min(max(float(unit), 0.0), 1.0)
     x = math.exp(math.log(low) + u * (math.log(high) - math.log(low))) if domain.log else low + u * (high - low)
     if isinstance(domain, Int):
-        return min(max(int(round(x)), domain.low), domain.high)
+        return min(max(round(x), domain.low), domain.high)
     return min(max(x, domain.low), domain.high)
 
 
