@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 import nasplat
 from nasplat.cli import main
 from nasplat.controllers import Exploit, PopulationBasedTraining
-from nasplat.controllers.pb2 import from_unit, numeric_decisions, to_unit
+from nasplat.controllers.pb2 import Bandit, from_unit, numeric_decisions, to_unit
 from nasplat.engine.result import ExperimentResult
 from nasplat.space import Choice, Float, Int, Space
 from nasplat.storage import read_rows
@@ -103,10 +103,16 @@ def test_pb2_stays_in_bounds(domains: list[Any], weights: list[float], noise: fl
 
     driver = Driver(PopulationBasedTraining(space, metric="score", population_size=4, perturbation_interval=1,
                                             explore="pb2", seed=seed), score=score)
-    events = driver.rounds(5)
-    assert driver.controller.bandit.chosen >= 1
-    for config in proposed_configs(events):
+    for config in proposed_configs(driver.rounds(5)):
         space.validate(config)
+    bandit = Bandit(space)  # and the bandit itself, asked at every step of a run of random reports
+    for step in range(1, 6):
+        for _ in range(3):
+            config = space.sample(rng)
+            bandit.observe(step, score(config, step), config, score(config, step + 1))
+        explored = bandit.explore(space.sample(rng), step + 1, score(config, step), rng)
+        space.validate(explored)
+    assert bandit.chosen == 5
 
 
 # -- the PBT toy: the bandit finds what perturbation misses ----------------------------------------------------
