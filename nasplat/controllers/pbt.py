@@ -1,4 +1,5 @@
-"""Population based training (Jaderberg et al., 2017): exploit the top quantile, explore by perturbing."""
+"""Population based training (Jaderberg et al., 2017): exploit the top quantile, explore by perturbing, or by
+PB2's bandit (Parker-Holder et al., 2020; `nasplat.controllers.pb2`)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from nasplat.controllers.base import CONTINUE, Controller, Decision, Exploit, Result, TrialSpec
+from nasplat.controllers.pb2 import Bandit
 from nasplat.core.checks import check_int, check_real
 from nasplat.space import Config, Space
 from nasplat.space.domains import copy_config, random_index
@@ -23,12 +25,21 @@ class PopulationBasedTraining(Controller):
     progress at that step (`Exploit.donor_step`). A member that exploited at its latest perturbation step
     has no snapshot there and is no donor until its next one. A failed or NaN report ranks the member last
     until it reports a finite score again.
+
+    `explore="pb2"` (PB2): the exploited member's numeric hyperparameters (`Float`, `Int` outside a `Choice`) are
+    chosen by a time-varying GP-UCB bandit over the population's improvements per step in each interval
+    (`nasplat.controllers.pb2.Bandit`; an interval after an exploit starts from the donor's ranked score); the other
+    decisions are perturbed as by PBT, which also decides the numeric ones until the bandit has two observations.
     """
+
+    EXPLORES = ("perturb", "pb2")
 
     def __init__(self, space: Space | Mapping[str, Any], *, population_size: int = 4, perturbation_interval: int = 5,
                  quantile_fraction: float = 0.25, resample_probability: float = 0.25,
-                 initial_configs: Sequence[Config] = (), **kwargs: Any) -> None:
+                 initial_configs: Sequence[Config] = (), explore: str = "perturb", **kwargs: Any) -> None:
         super().__init__(space, **kwargs)
+        if explore not in self.EXPLORES:
+            raise ValueError(f"`explore` must be one of {list(self.EXPLORES)}, got {explore=!r}")
         check_int("population_size", population_size, minimum=2)
         check_int("perturbation_interval", perturbation_interval, minimum=1)
         if check_real("quantile_fraction", quantile_fraction, minimum=0, strict=True) > 0.5:
@@ -46,6 +57,9 @@ class PopulationBasedTraining(Controller):
         self.scored_at: dict[int, int] = {}  # the step of that score
         self.snapshot_at: dict[int, int] = {}  # the step of each member's latest snapshot (a perturbation step)
         self.exploits: list[tuple[int, int, int]] = []  # (step, member, donor)
+        self.explore = explore
+        self.bandit = Bandit(self.space) if explore == "pb2" else None
+        self.interval_start: dict[int, tuple[int, float]] = {}  # PB2: each member's (step, score) its interval began
 
     def ask(self) -> TrialSpec | None:
         if self.next_trial_id >= self.population_size:
@@ -77,6 +91,8 @@ class PopulationBasedTraining(Controller):
         if trial_id not in self.configs:  # not a member of this population
             return CONTINUE
         perturbation = result.step >= 1 and result.step % self.perturbation_interval == 0
+        if self.bandit is not None:
+            self._observe(self.bandit, trial_id, result.step, score, perturbation)
         if perturbation or score is None or self.scores.get(trial_id) == -math.inf:
             self.scores[trial_id] = -math.inf if score is None else score
             self.scored_at[trial_id] = result.step
@@ -88,9 +104,28 @@ class PopulationBasedTraining(Controller):
             return CONTINUE
         donor = int(top[random_index(self.rng, len(top))])
         config = self.space.perturb(self.configs[donor], self.rng, resample_probability=self.resample_probability)
+        if self.bandit is not None:
+            config = self.bandit.explore(config, result.step + self.perturbation_interval, self.scores[donor],
+                                         self.rng)
+            if not self.space.allows(config):  # a rule forbids the bandit's choice: PBT's perturbation stands
+                config = self.space.perturb(self.configs[donor], self.rng,
+                                            resample_probability=self.resample_probability)
+            self.interval_start[trial_id] = (result.step, self.scores[donor])  # it goes on from the donor's state
         self.configs[trial_id] = config
         self.exploits.append((result.step, trial_id, donor))
         return Exploit(donor, copy_config(config), donor_step=self.snapshot_at[donor])
+
+    def _observe(self, bandit: Bandit, trial_id: int, step: int, score: float | None, perturbation: bool) -> None:
+        """PB2: at a perturbation step, the member's improvement per step since its interval began goes to the
+        bandit and a new interval begins here; a failed report ends the interval, a first finite one begins one."""
+        start = self.interval_start.get(trial_id)
+        if score is None:
+            self.interval_start.pop(trial_id, None)
+        elif start is None:
+            self.interval_start[trial_id] = (step, score)
+        elif perturbation and start[0] < step:
+            bandit.observe(step, start[1], self.configs[trial_id], (score - start[1]) / (step - start[0]))
+            self.interval_start[trial_id] = (step, score)
 
     def snapshot_due(self, trial_id: int, step: int) -> bool:
         """At every perturbation step, where members are ranked and become donors."""
@@ -98,5 +133,5 @@ class PopulationBasedTraining(Controller):
 
     def tell(self, trial_id: int, result: Result) -> None:
         self._score_of(trial_id, result)
-        for known in (self.scores, self.scored_at, self.snapshot_at, self.configs):
+        for known in (self.scores, self.scored_at, self.snapshot_at, self.configs, self.interval_start):
             known.pop(trial_id, None)  # a finished member's state is no longer available to copy
