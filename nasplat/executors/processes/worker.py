@@ -83,7 +83,7 @@ def serve(conn: Connection, trainer_cls: type, checkpoints: Storage | None, t0: 
                 outgoing.put(Event(event))
     except (EOFError, KeyboardInterrupt):
         return
-    except BaseException:  # the slot still names the trial whose code broke the loop (a `sys.exit` in a step)
+    except BaseException:  # noqa: BLE001 (a `sys.exit` in a step: the slot names the trial whose code broke the loop)
         outgoing.put(Crash(traceback.format_exc()))
     finally:
         local.close()
@@ -99,7 +99,7 @@ def _serve_request(local: LocalExecutor, request: Request, slot: ActivitySlot, p
     if isinstance(request, ASKS):
         try:
             reply = _handle(local, request, slot)
-        except Exception:  # e.g. a trainer without `state_dict`: the receiver loads the fallback
+        except Exception:  # noqa: BLE001 (e.g. a trainer without `state_dict`: the receiver loads the fallback)
             reply = None
         put(Reply(reply))
     elif isinstance(request, Relaunch):
@@ -151,7 +151,7 @@ def _dumps(message: Message) -> bytes:
     metrics cannot be pickled becomes that step's error, a state that cannot be becomes None (the fallback)."""
     try:
         return pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 (whatever pickling raises: the step's error, or no state)
         if isinstance(message, Event):
             error = f"the step's metrics could not be sent from the worker process: {type(exc).__name__}: {exc}"
             message = Event(replace(message.event, metrics=None, error=error))
@@ -193,7 +193,7 @@ def _give(local: LocalExecutor, candidates: tuple[int, ...], slot: ActivitySlot)
         slot.enter(trial_id, COPY, local.now())
         try:
             state = local.copy_state(trial_id)
-        except Exception:  # e.g. a trainer without `state_dict`: it stays
+        except Exception:  # noqa: BLE001, S112 (e.g. a trainer without `state_dict`: it stays)
             continue
         finally:
             slot.leave()
