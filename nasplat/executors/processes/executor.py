@@ -475,8 +475,9 @@ class ProcessExecutor(Executor):
             self.saves.request(trial_id, message.then.save)  # made again by the relaunch
         if lost:
             self.ready.append(self._lost(trial_id, pid, None, lost))
-        self._place(trial_id, self._least_loaded())
-        self._write(self.trials[trial_id].worker, message)  # type: ignore[arg-type]
+        target = self._least_loaded()
+        self._place(trial_id, target)
+        self._write(target, message)
 
     def _lost(self, trial_id: int, pid: int | None, error: str | None,
               saved: tuple[Any, ...] | None = None) -> StepEvent:

@@ -95,7 +95,7 @@ def _serve_request(local: LocalExecutor, request: Request, slot: ActivitySlot, p
     """Handle one request, its user code marked in `slot`; put its reply (or the snapshot it took) to be sent."""
     activity = _activity(request)
     if activity is not None:
-        slot.enter(request.trial_id, activity, local.now())  # type: ignore[union-attr]
+        slot.enter(*activity, local.now())
     if isinstance(request, ASKS):
         try:
             reply = _handle(local, request, slot)
@@ -112,15 +112,16 @@ def _serve_request(local: LocalExecutor, request: Request, slot: ActivitySlot, p
         put(Snapshot(then.trial_id, local.take_snapshot(then.trial_id)))
 
 
-def _activity(request: Request) -> int | None:
-    """Which user code handling `request` runs (an `ActivitySlot` code), or None where it runs none."""
+def _activity(request: Request) -> tuple[int, int] | None:
+    """Whose user code handling `request` runs, and which (the trial, an `ActivitySlot` code); None where it runs
+    none."""
     if isinstance(request, Launch | Relaunch):
-        return SETUP
+        return request.trial_id, SETUP
     if isinstance(request, Adopt):
-        return EXPLOIT
+        return request.trial_id, EXPLOIT
     if isinstance(request, Keep | ExploitState) or isinstance(request, Step | End) and request.save is not None \
             or isinstance(request, Step) and request.snapshot:
-        return COPY
+        return request.trial_id, COPY
     return None
 
 
@@ -142,7 +143,7 @@ def _relaunch(local: LocalExecutor, request: Relaunch, slot: ActivitySlot, put: 
     if request.then is not None:
         activity = _activity(request.then)
         if activity is not None:
-            slot.enter(trial_id, activity, local.now())
+            slot.enter(*activity, local.now())
         _handle(local, request.then, slot)
 
 
