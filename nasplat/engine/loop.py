@@ -27,13 +27,14 @@ from nasplat.executors import check_step_timeout
 from nasplat.executors.base import Executor, StepEvent
 from nasplat.storage import ExperimentFolder
 from nasplat.storage.checkpoints import Checkpoint, CheckpointPolicy
+from nasplat.trainer import Trainer
 
 
 class Engine(EngineState):
     """Keeps `executor.concurrency` trials running until the budget is spent and every trial has ended (or, past
     the time budget, until its grace is over: see `_deadline`)."""
 
-    def __init__(self, *, controller: Searcher, executor: Executor, trainer: type, budget: Budget,
+    def __init__(self, *, controller: Searcher, executor: Executor, trainer: type[Trainer], budget: Budget,
                  name: str = "experiment", seed: int = 0, max_failures: int = 0, max_failed_trials: int | None = 10,
                  folder: ExperimentFolder | None = None, checkpoint: CheckpointPolicy | None = None,
                  progress: bool = False) -> None:
@@ -234,12 +235,12 @@ class Engine(EngineState):
         row = self._row(record, event, Status.RUNNING, record.step + 1, metrics)
         source = self.answers.answering.get(record.trial_id) if self.answers.enabled else None
         status, decision = self.advance(record, metrics, record.step + 1)
-        exploit = isinstance(decision, Exploit) and status == Status.RUNNING
-        row["status"], row["donor_id"] = status, decision.donor_id if exploit else None
+        exploit = decision if isinstance(decision, Exploit) and status == Status.RUNNING else None
+        row["status"], row["donor_id"] = status, exploit.donor_id if exploit is not None else None
         if (rung := self.controller.rung_of(record.trial_id)) is not None:
             row["rung"] = rung
         if source is not None:
-            self._record_answer(record, row, status, source, exploit)
+            self._record_answer(record, row, status, source, exploit is not None)
             return
         perturbation = status == Status.RUNNING and self.controller.snapshot_due(record.trial_id, record.step)
         save = record.step if self.policy is not None and self.policy.due(
@@ -251,9 +252,9 @@ class Engine(EngineState):
             self.executor.stop(record.trial_id, keep_state=True, save=save)
         elif status != Status.RUNNING:
             self._release(record, save)
-        elif exploit:
-            donor = self.trials[decision.donor_id]
-            handle = self.executor.exploit(record.trial_id, decision.donor_id, decision.config, save=save,
+        elif exploit is not None:
+            donor = self.trials[exploit.donor_id]
+            handle = self.executor.exploit(record.trial_id, exploit.donor_id, exploit.config, save=save,
                                            fallback=donor.checkpoint)
             record.restart = (handle, record.step)
         else:

@@ -140,11 +140,11 @@ def _apply(engine: Engine, row: dict[str, Any], index: int) -> int:
                          "which the journal never proposed")
     mismatch = 0
     if status == Status.RETRIED:
-        engine.set_attempt(trial_id, int(row.get("attempt", record.attempt)) + 1)
+        engine.set_attempt(record.trial_id, int(row.get("attempt", record.attempt)) + 1)
     elif status == Status.FAILED:
         engine.end(record, Status.FAILED, Result({}, step, failed=True, error=row.get("error")))
     elif record.status == Status.RUNNING:
-        engine.set_attempt(trial_id, int(row.get("attempt", record.attempt)))
+        engine.set_attempt(record.trial_id, int(row.get("attempt", record.attempt)))
         metrics = {key: value for key, value in row.items() if key not in RESERVED}
         replayed, decision = engine.advance(record, metrics, step)
         donor = decision.donor_id if isinstance(decision, Exploit) and replayed == Status.RUNNING else None
@@ -158,5 +158,5 @@ def _apply(engine: Engine, row: dict[str, Any], index: int) -> int:
 def _trial_id(entry: dict[str, Any]) -> int:
     trial_id = entry.get("ask")
     if not isinstance(trial_id, int):
-        raise ValueError(f"cannot resume: journal.jsonl holds an entry without a trial id: {entry!r}")  # noqa: TRY004
+        raise ValueError(f"cannot resume: journal.jsonl holds an entry without a trial id: {entry!r}")
     return trial_id

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from nasplat.core import pareto
 from nasplat.core.rows import RESERVED, Status, mark_retried
@@ -24,7 +24,7 @@ class ExperimentResult:
 
     rows: list[dict[str, Any]]
     metric: str
-    mode: Literal["max", "min"] = "max"
+    mode: str = "max"  # "max" or "min"
     path: Path | None = None
     trials: dict[int, Any] = field(default_factory=dict)
     metrics: tuple[str, ...] = ()  # every objective, `metric` first (default: `metric` alone)
@@ -55,12 +55,13 @@ class ExperimentResult:
         metrics, modes = meta.get("metric", ""), meta.get("mode", "max")  # lists for several objectives
         metrics, modes = (metrics, modes) if isinstance(metrics, list) else ([metrics] if metrics else [], [modes])
         return cls(read_rows(folder / ROWS_FILE), metrics[0] if metrics else "", modes[0], folder,
-                   metrics=tuple(metrics), modes=tuple(modes), constraints=meta.get("constraints"), location=location)
+                   metrics=tuple(metrics), modes=tuple(modes),
+                   constraints=pareto.parse_constraints(meta.get("constraints")), location=location)
 
     def pareto_front(self) -> list[dict[str, Any]]:
         """Each trial's latest successful row on the Pareto front of `metrics`, best first by `metric`: the
         non-dominated rows that satisfy every constraint, or if none does, those that break them least."""
-        return pareto.front_rows(self.rows, self.metrics, self.modes, self.constraints)
+        return [dict(r) for r in pareto.front_rows(self.rows, self.metrics, self.modes, self.constraints)]
 
     def hypervolume(self, reference_point: list[float]) -> float:
         """The hypervolume that the feasible trials dominate, in metric units, up to `reference_point` (one
@@ -140,7 +141,9 @@ class ExperimentResult:
     def load_state(self, trial_id: int | None = None, step: int | None = None) -> Any:
         """The trainer state (`state_dict`) of trial `trial_id` (default: the best) from its latest checkpoint at
         or before `step` (default: its latest)."""
-        return load_checkpoint(self.find_checkpoint(trial_id, step).uri)
+        checkpoint = self.find_checkpoint(trial_id, step)
+        assert checkpoint.uri is not None  # latest_checkpoint finds only durable checkpoints: each has its uri
+        return load_checkpoint(checkpoint.uri)
 
     def final_status(self) -> dict[int, str]:
         """Each trial's status after its latest row."""

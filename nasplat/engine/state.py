@@ -153,10 +153,10 @@ class EngineState:
 
     def note_best(self, row: dict[str, Any]) -> None:
         """Keep `row` as the best so far if it beats it on the controller's metric; failed, retried rows never do."""
-        value = row.get(self.controller.metric)
-        if row["status"] in (Status.FAILED, Status.RETRIED) or not is_real(value):
+        metric = self.controller.metric
+        if row["status"] in (Status.FAILED, Status.RETRIED) or not is_real(row.get(metric)):
             return
-        if self.best_row is None or better(value, self.best_row[self.controller.metric], self.controller.mode):
+        if self.best_row is None or better(row[metric], self.best_row[metric], self.controller.mode):
             self.best_row = row
 
     def recount_best(self, trial_id: int | None = None, after_step: int = 0) -> None:

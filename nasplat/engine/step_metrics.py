@@ -73,6 +73,6 @@ def _numel(value: Any) -> int:
 def _short(value: Any, limit: int = 80) -> str:
     try:
         text = repr(value)
-    except Exception:  # a user object whose repr raises
+    except Exception:  # noqa: BLE001 (a user object's repr may raise anything: its type's name stands in)
         text = f"<{type(value).__name__}>"
     return text if len(text) <= limit else text[:limit - 3] + "..."

@@ -44,6 +44,12 @@ class TrialHost:
         assert self.trainer is not None, "no trial is hosted"
         return self.trainer.config
 
+    @property
+    def seed(self) -> int:
+        """The hosted trial's seed."""
+        assert self.trainer is not None, "no trial is hosted"
+        return self.trainer.ctx.seed
+
     def build(self, trial_id: int, config: Config, ctx: WorkerContext, state: Any = None,
               inherit: bool = False) -> None:
         """Start trial `trial_id`'s trainer; load `state` (packed, plain, a `Checkpoint`, or a one-item list holding
@@ -103,7 +109,7 @@ class TrialHost:
             if reuse is None and self.spare:
                 reuse = self.spare.pop()
             state = copy_state(self.trainer.state_dict(), into=reuse)
-        except Exception as exc:  # e.g. a trainer without state_dict: the save fails, the trial goes on
+        except Exception as exc:  # noqa: BLE001 (e.g. a trainer without state_dict: the save fails, the trial goes on)
             self.writer.fail(self.trial_id, step, f"{type(exc).__name__}: {exc}")
             return
         self.writer.submit(self.trial_id, step, state, self.config, release=self._release)

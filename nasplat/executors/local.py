@@ -74,7 +74,7 @@ class LocalExecutor(Executor):
         self.snapshots.pop(trial_id, None)
         try:
             host.build(trial_id, config, WorkerContext(trial_id=trial_id, seed=seed), state, inherit)
-        except Exception:
+        except Exception:  # noqa: BLE001 (the user's setup raised: its traceback is the first step's error)
             self.failed_setup[trial_id] = traceback.format_exc()
 
     def step(self, trial_id: int, snapshot: bool = False, save: int | None = None) -> None:
@@ -83,7 +83,7 @@ class LocalExecutor(Executor):
             try:
                 if snapshot:
                     self.snapshots[trial_id] = host.copy()
-            except Exception:
+            except Exception:  # noqa: BLE001 (the user's state_dict raised: the next step's error)
                 self.failed_setup[trial_id] = traceback.format_exc()
         if save is not None:
             self._save(host, save)
@@ -117,7 +117,7 @@ class LocalExecutor(Executor):
         host = self.hosts[trial_id]
         try:
             host.exploit(state, config, fallback)
-        except Exception:
+        except Exception:  # noqa: BLE001 (the user's load or update_config raised: the next step's error)
             self.failed_setup[trial_id] = traceback.format_exc()
         self.snapshots.pop(trial_id, None)
         if save is not None:
@@ -190,7 +190,7 @@ class LocalExecutor(Executor):
     def withdraw(self, trial_id: int) -> tuple[Config, int]:
         """Take the trial's queued step back and stop it here (it goes on elsewhere); its config and seed."""
         host = self.hosts[trial_id]
-        config, seed = host.config, host.trainer.ctx.seed
+        config, seed = host.config, host.seed
         self._queue.remove((STEP, trial_id))
         self.stop(trial_id)
         return config, seed
@@ -207,7 +207,7 @@ class LocalExecutor(Executor):
         if error is None:
             try:
                 metrics = self.hosts[trial_id].step()
-            except Exception:
+            except Exception:  # noqa: BLE001 (the user's step raised: the step's error)
                 error = traceback.format_exc()
             else:
                 error = unpicklable(metrics)
@@ -234,7 +234,7 @@ def unpicklable(metrics: Any) -> str | None:
     and is retried like any failed step (`max_failures`)."""
     try:
         pickle.dumps(metrics, protocol=pickle.HIGHEST_PROTOCOL)
-    except Exception as exc:  # noqa: BLE001 - whatever pickling raises is the step's error
+    except Exception as exc:  # noqa: BLE001 (whatever pickling raises is the step's error)
         return (f"the step's metrics cannot be pickled, so on `processes` they could not be sent from the worker "
                 f"process: {type(exc).__name__}: {exc}")
     return None

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from nasplat.controllers.base import Controller
+from nasplat.controllers.base import Searcher
 from nasplat.core.registry import Registry, constructor_options
 from nasplat.schedulers.asha import ASHA
 from nasplat.schedulers.base import Scheduler
@@ -34,7 +34,7 @@ def _named(scheduler: Any) -> tuple[str, dict[str, Any]]:
     return options["name"], {k: v for k, v in options.items() if k != "name"}
 
 
-def make_scheduler(scheduler: str | Mapping[str, Any] | Scheduler, controller: Controller, *,
+def make_scheduler(scheduler: str | Mapping[str, Any] | Scheduler, controller: Searcher, *,
                    max_steps: int) -> Scheduler:
     """A scheduler around `controller`: a name of `SCHEDULERS`, a mapping `{"name": ..., **options}`, or a ready
     `Scheduler` (which wraps `controller` already). `max_steps` (the run's) is the default of ASHA's and Hyperband's

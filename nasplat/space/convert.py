@@ -18,7 +18,8 @@ def _grid(key: str, base: float, step: float, first: int, last: int, *, integer:
         raise ValueError(f"{key!r}: a stepped domain becomes a Choice of its values, which needs 1 to {MAX_GRID} "
                          f"values; got {count} for {base=}, {step=}, {first=}, {last=}")
     values = [base + i * step for i in range(first, last + 1)]
-    return Choice([int(round(v)) for v in values] if integer else values)
+    # int(round(...)): numpy's round() of a numpy float is a numpy float in older numpy (1.18, for one)
+    return Choice([int(round(v)) for v in values] if integer else values)  # noqa: RUF046 (see above)
 
 
 def _inward(low: float, high: float) -> tuple[int, int]:

@@ -20,7 +20,6 @@ from nasplat.core.checks import is_int, is_real
 from nasplat.space.domains import Float, Int
 from nasplat.space.space import Choice, Space
 
-
 SPACE_DATA = "$space"
 """The key of a space stored as data where a space is expected (an experiment's `space`): `{"$space": {...}}`."""
 

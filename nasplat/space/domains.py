@@ -113,15 +113,16 @@ class Int(Domain):
 
     def nudge(self, value: Any, rng: np.random.Generator) -> int:
         factor = 0.8 if rng.random() < 0.5 else 1.2
-        new = int(round(value * factor))
+        new = int(round(value * factor))  # noqa: RUF046 (a numpy float's round() is a float in older numpy)
         if new == value:
             new = value + (1 if factor > 1 else -1)
         return min(max(new, self.low), self.high)
 
     def neighbours(self, value: Any, rng: np.random.Generator) -> list[int]:
         """A step down and a step up (x0.8 / x1.2, at least 1), inside the bounds."""
-        down = min(int(round(value * 0.8)), value - 1)
-        up = max(int(round(value * 1.2)), value + 1)
+        # int(round(...)): `value` may be a numpy integer, whose products' round() is a numpy float in older numpy
+        down = min(int(round(value * 0.8)), value - 1)  # noqa: RUF046 (see above)
+        up = max(int(round(value * 1.2)), value + 1)  # noqa: RUF046 (see above)
         return [v for v in (down, up) if self.low <= v <= self.high]
 
     @property

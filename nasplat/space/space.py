@@ -287,7 +287,7 @@ class Space:
         """The active decisions in `config`: (path, domain, value, the dict holding it)."""
         for node in walk(self, config, prefix):
             if node.decides:
-                yield node.path, node.domain, node.value, node.holder
+                yield node.path, node.domain, node.value, node.config
 
     def mutate(self, config: Config, rng: np.random.Generator) -> Config:
         """A copy of `config` with exactly one decision changed (regularized evolution's mutation), allowed by
@@ -299,7 +299,7 @@ class Space:
         options = [node for node in walk(self, child) if node.decides and _changeable(node.domain)]
         if options:
             node = options[random_index(rng, len(options))]
-            node.holder[node.key] = node.domain.resample_other(node.value, rng)
+            node.config[node.key] = node.domain.resample_other(node.value, rng)
         return child
 
     def neighbours(self, config: Config, rng: np.random.Generator) -> list[Config]:
@@ -314,7 +314,7 @@ class Space:
             for new in node.domain.neighbours(node.value, rng):
                 child = copy_config(config)
                 place = next(islice((n for n in walk(self, child) if n.decides), i, None))
-                place.holder[place.key] = new
+                place.config[place.key] = new
                 if self.allows(child):
                     out.append(child)
         return out
@@ -335,7 +335,7 @@ class Space:
                     continue
                 domain, value = node.domain, node.value
                 resample = rng.random() < resample_probability
-                node.holder[node.key] = new = domain.sample(rng) if resample else domain.nudge(value, rng)
+                node.config[node.key] = new = domain.sample(rng) if resample else domain.nudge(value, rng)
                 if new is not value:
                     node.taken = None  # a fresh value: the walk enters none of its sub-decisions
             return child

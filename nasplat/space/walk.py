@@ -48,9 +48,16 @@ class Node:
         walk's consumer sets it while it holds the node (after replacing the value), the option the value takes."""
 
     @property
+    def config(self) -> dict[str, Any]:
+        """The config dict holding the node's value (`holder`, which a node in a branch not taken has not)."""
+        if self.holder is None:
+            raise TypeError(f"{self.path!r} is in a branch the config did not take: no config holds its value")
+        return self.holder
+
+    @property
     def value(self) -> Any:
         """The node's value in the config."""
-        return self.holder[self.key]  # type: ignore[index]
+        return self.config[self.key]
 
     @property
     def decides(self) -> bool:

@@ -341,7 +341,7 @@ class CheckpointWriter:
                release: Callable[[Any], None] | None) -> None:
         try:
             result = write_checkpoint(self.storage, trial_id, step, state, config)
-        except Exception as exc:  # reported to the engine; the trial goes on
+        except Exception as exc:  # noqa: BLE001 (whatever the write raised goes to the engine; the trial goes on)
             error = str(exc) if isinstance(exc, StorageError) else f"{type(exc).__name__}: {exc}"
             result = Checkpoint(trial_id, step, None, error)
         if release is not None:

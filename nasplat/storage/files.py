@@ -64,7 +64,8 @@ class _Sink:
     zip writer) turn it into their own error ("unexpected pos 64 vs 0"), losing the errno."""
 
     def __init__(self, file: BinaryIO) -> None:
-        self.file, self.error = file, None
+        self.file = file
+        self.error: OSError | None = None
 
     def write(self, data: Any) -> int:
         try:

@@ -200,6 +200,6 @@ def read_spec(path: Path, *, allow_pickle: bool = False) -> dict[str, Any]:
                 f"you trust whoever made this folder, pass --trust-pickle (Python: allow_pickle=True)")
         try:
             return cloudpickle.loads((path / SPEC_PICKLE).read_bytes())
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 (unpickling runs any code: whatever it raises is one line)
             raise ValueError(f"{path / SPEC_PICKLE}: cannot load it ({type(exc).__name__}: {exc})") from None
     raise FileNotFoundError(f"{path} is not a nasplat experiment folder (no {SPEC_JSON} or {SPEC_PICKLE})")

@@ -9,6 +9,7 @@ import signal
 import sys
 import time
 from collections.abc import Callable
+from functools import partial
 from multiprocessing.connection import wait
 from typing import Any
 
@@ -329,7 +330,8 @@ class ProcessExecutor(Executor):
             if timeout is not None:
                 wakes.append(max(0.0, begin + timeout - now))
             for conn in wait(list(live), timeout=min(wakes) if wakes else None):
-                self._drain(live[conn])
+                # typeshed types what `wait` returns as any waitable; it is members of the list it was given
+                self._drain(live[conn])  # type: ignore[index]
             for worker in live.values():
                 self._expire(worker)
             if timeout is not None and self.now() - begin >= timeout:
@@ -380,7 +382,7 @@ class ProcessExecutor(Executor):
             if busy.giving or not movable:
                 continue
             busy.giving, free = True, free - 1
-            self._ask_later(busy, Give(tuple(movable)), lambda given, busy=busy: self._given(busy, given))
+            self._ask_later(busy, Give(tuple(movable)), partial(self._given, busy))
 
     def _given(self, source: WorkerProcess, given: Given | None) -> None:
         """`source` handed over a trial (or none): launch it from the state it sent on the least busy other worker."""
@@ -404,6 +406,7 @@ class ProcessExecutor(Executor):
         if activity is None or limit is None:
             return
         pid = worker.process.pid
+        assert pid is not None  # a worker is started when made
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
@@ -455,7 +458,7 @@ class ProcessExecutor(Executor):
         for trial_id in innocent:
             self._relaunch(trial_id, process.pid, reason, unexplained=blame is None)
 
-    def _relaunch(self, trial_id: int, pid: int, reason: str, unexplained: bool) -> None:
+    def _relaunch(self, trial_id: int, pid: int | None, reason: str, unexplained: bool) -> None:
         """Host the trial of a dead worker again on a live one, from the newest state the driver holds; report the
         saves it owed that are lost. A trial relaunched after `MAX_RELAUNCHES` deaths charged to no trial
         (`unexplained`) since its last step fails instead."""
@@ -472,8 +475,9 @@ class ProcessExecutor(Executor):
             self.saves.request(trial_id, message.then.save)  # made again by the relaunch
         if lost:
             self.ready.append(self._lost(trial_id, pid, None, lost))
-        self._place(trial_id, self._least_loaded())
-        self._write(self.trials[trial_id].worker, message)  # type: ignore[arg-type]
+        target = self._least_loaded()
+        self._place(trial_id, target)
+        self._write(target, message)
 
     def _lost(self, trial_id: int, pid: int | None, error: str | None,
               saved: tuple[Any, ...] | None = None) -> StepEvent:

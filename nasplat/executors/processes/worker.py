@@ -83,7 +83,7 @@ def serve(conn: Connection, trainer_cls: type, checkpoints: Storage | None, t0: 
                 outgoing.put(Event(event))
     except (EOFError, KeyboardInterrupt):
         return
-    except BaseException:  # the slot still names the trial whose code broke the loop (a `sys.exit` in a step)
+    except BaseException:  # noqa: BLE001 (a `sys.exit` in a step: the slot names the trial whose code broke the loop)
         outgoing.put(Crash(traceback.format_exc()))
     finally:
         local.close()
@@ -95,11 +95,11 @@ def _serve_request(local: LocalExecutor, request: Request, slot: ActivitySlot, p
     """Handle one request, its user code marked in `slot`; put its reply (or the snapshot it took) to be sent."""
     activity = _activity(request)
     if activity is not None:
-        slot.enter(request.trial_id, activity, local.now())  # type: ignore[union-attr]
+        slot.enter(*activity, local.now())
     if isinstance(request, ASKS):
         try:
             reply = _handle(local, request, slot)
-        except Exception:  # e.g. a trainer without `state_dict`: the receiver loads the fallback
+        except Exception:  # noqa: BLE001 (e.g. a trainer without `state_dict`: the receiver loads the fallback)
             reply = None
         put(Reply(reply))
     elif isinstance(request, Relaunch):
@@ -112,15 +112,16 @@ def _serve_request(local: LocalExecutor, request: Request, slot: ActivitySlot, p
         put(Snapshot(then.trial_id, local.take_snapshot(then.trial_id)))
 
 
-def _activity(request: Request) -> int | None:
-    """Which user code handling `request` runs (an `ActivitySlot` code), or None where it runs none."""
+def _activity(request: Request) -> tuple[int, int] | None:
+    """Whose user code handling `request` runs, and which (the trial, an `ActivitySlot` code); None where it runs
+    none."""
     if isinstance(request, Launch | Relaunch):
-        return SETUP
+        return request.trial_id, SETUP
     if isinstance(request, Adopt):
-        return EXPLOIT
+        return request.trial_id, EXPLOIT
     if isinstance(request, Keep | ExploitState) or isinstance(request, Step | End) and request.save is not None \
             or isinstance(request, Step) and request.snapshot:
-        return COPY
+        return request.trial_id, COPY
     return None
 
 
@@ -142,7 +143,7 @@ def _relaunch(local: LocalExecutor, request: Relaunch, slot: ActivitySlot, put: 
     if request.then is not None:
         activity = _activity(request.then)
         if activity is not None:
-            slot.enter(trial_id, activity, local.now())
+            slot.enter(*activity, local.now())
         _handle(local, request.then, slot)
 
 
@@ -151,7 +152,7 @@ def _dumps(message: Message) -> bytes:
     metrics cannot be pickled becomes that step's error, a state that cannot be becomes None (the fallback)."""
     try:
         return pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 (whatever pickling raises: the step's error, or no state)
         if isinstance(message, Event):
             error = f"the step's metrics could not be sent from the worker process: {type(exc).__name__}: {exc}"
             message = Event(replace(message.event, metrics=None, error=error))
@@ -193,7 +194,7 @@ def _give(local: LocalExecutor, candidates: tuple[int, ...], slot: ActivitySlot)
         slot.enter(trial_id, COPY, local.now())
         try:
             state = local.copy_state(trial_id)
-        except Exception:  # e.g. a trainer without `state_dict`: it stays
+        except Exception:  # noqa: BLE001, S112 (e.g. a trainer without `state_dict`: it stays)
             continue
         finally:
             slot.leave()

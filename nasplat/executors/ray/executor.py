@@ -13,7 +13,7 @@ import ray
 from nasplat.core.checks import check_int
 from nasplat.executors.base import Executor, StepEvent
 from nasplat.executors.ray import park
-from nasplat.executors.ray.gang import Gang
+from nasplat.executors.ray.gang import Gang, GangOptions
 from nasplat.executors.ray.slots import Call, Slot, ship_by_value
 from nasplat.executors.saves import SaveTracker, StepOutcome
 from nasplat.space import Config
@@ -52,8 +52,8 @@ class RayExecutor(Executor):
             raise ValueError(f"`park_s` must be >= 0 (seconds idle gangs are kept after the run), got {park_s!r}")
         self.requested_concurrency = concurrency
         self.concurrency = concurrency or 1
-        self.gang_options = dict(workers=workers, backend=backend, cpus_per_worker=cpus_per_trial,
-                                 gpus_per_worker=gpus_per_trial, strategy=strategy)
+        self.gang_options: GangOptions = {"workers": workers, "backend": backend, "cpus_per_worker": cpus_per_trial,
+                                          "gpus_per_worker": gpus_per_trial, "strategy": strategy}
         if backend_options:
             self.gang_options["backend_options"] = dict(backend_options)
         self.address, self.init_options, self.park_s = address, dict(init_options or {}), park_s
@@ -92,7 +92,7 @@ class RayExecutor(Executor):
         for gang, ref in bound:
             try:
                 node, pid = ray.get(ref)
-            except Exception:  # its actor died while parked, or cannot load this trainer class: start a fresh one
+            except Exception:  # noqa: BLE001 (its actor died while parked, or cannot load this trainer: start anew)
                 gang.kill()
                 continue
             self.idle.append(Slot(gang, node=node, pid=pid, up=self.now()))
@@ -145,6 +145,7 @@ class RayExecutor(Executor):
     def exploit(self, trial_id: int, donor_id: int, config: Config, save: int | None = None,
                 fallback: Checkpoint | None = None) -> Any:
         donor, receiver = self.busy.get(donor_id), self.busy[trial_id]
+        state: Any  # the donor's state: an ObjectRef of its snapshot, else what `kept` holds, else `fallback`
         if donor is not None:
             state = donor.snapshot if donor.snapshot is not None else donor.gang.state()
         else:
@@ -276,7 +277,7 @@ class RayExecutor(Executor):
             else:
                 outcome: StepOutcome = value
                 metrics, saved = outcome.metrics, outcome.saved
-        except Exception as exc:  # the trainer raised, or an actor/node died
+        except Exception as exc:  # noqa: BLE001 (the trainer raised, or an actor/node died: the step's error)
             saved = list(getattr(getattr(exc, "cause", None), "saved", []))
             if call.saves_only:
                 self._lose_saves(call.trial_id, f"the trial's worker died before it confirmed the write ({exc})",
@@ -287,7 +288,7 @@ class RayExecutor(Executor):
         if slot.info is not None:
             try:
                 slot.node, slot.pid = ray.get(slot.info)[:2]
-            except Exception:
+            except Exception:  # noqa: BLE001, S110 (its actor died: the call's own error says so; no node to show)
                 pass
             slot.info = None
             slot.up = self.now() if slot.up is None else slot.up

@@ -12,7 +12,7 @@ import functools
 import time
 import uuid
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypedDict
 
 import ray
 from ray.util.placement_group import placement_group, remove_placement_group
@@ -30,6 +30,20 @@ from nasplat.storage import Storage, scratch_folder
 from nasplat.storage.checkpoints import Checkpoint
 
 STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
+
+
+class _GangShape(TypedDict):
+    workers: int
+    backend: str
+    cpus_per_worker: float
+    gpus_per_worker: float
+    strategy: str
+
+
+class GangOptions(_GangShape, total=False):
+    """The options of `Gang` that one executor makes all its gangs with (their keyword arguments)."""
+
+    backend_options: Mapping[str, Any]
 
 
 @functools.cache
@@ -187,7 +201,7 @@ class Gang:
         if self.servers:
             try:
                 ray.get([s.close.remote() for s in self.servers], timeout=5)
-            except Exception:  # a dead server leaves a snapshot file behind; nothing else to do
+            except Exception:  # noqa: BLE001, S110 (a dead server leaves a snapshot file behind; nothing else to do)
                 pass
         for a in [*self.actors, *self.servers]:
             ray.kill(a, no_restart=True)

@@ -83,5 +83,5 @@ def _kill(parked: list[_Parked]) -> None:
         if entry.session == current:  # one of an earlier session died with it
             try:
                 entry.gang.kill()
-            except Exception:  # Ray is shutting down: the actor goes with it
+            except Exception:  # noqa: BLE001, S110 (Ray is shutting down: the actor goes with it)
                 pass

@@ -96,12 +96,16 @@ class RankActor:
     def connect(self, address: str, group_uid: str) -> str:
         """Join the gang's process group (once in this actor's life)."""
         from nasplat.distributed.allreduce import join_group
+        assert not isinstance(self.device, str)  # a gang of several ranks has a torch device (see __init__)
         kind = join_group(address, self.rank, self.world_size, self.device, self.impl.options["timeout_s"],
                           store=self.store)
         self.group_uid, self.group_inits = group_uid, self.group_inits + 1
         return kind
 
     def attach(self, servers: list[Any]) -> None:
+        """Hand the parameter servers to this rank's `AsyncBackend` (the gang's backend is `async_sgd`)."""
+        from nasplat.distributed.async_sgd import AsyncBackend
+        assert isinstance(self.impl, AsyncBackend), f"only an async backend has parameter servers, not {self.backend}"
         self.impl.attach(servers)
 
     def identity(self) -> dict[str, Any]:
