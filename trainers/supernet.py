@@ -39,7 +39,7 @@ class _NB201:
     """The data, the supernet and the path space these trainers share (a mixin before the trainer class), and the
     standalone recipe a chosen cell is retrained with (`nasplat retrain`)."""
 
-    RETRAIN_TRAINER = "trainers.nb201_cell:NB201CellTrainer"
+    RETRAIN_TRAINER: ClassVar[str | None] = "trainers.nb201_cell:NB201CellTrainer"
     SETTINGS: ClassVar[tuple[str, ...]] = ("dataset", "channels", "cells_per_stage", "connected")
     """The keys that build the network and its data: a search's retrain is built with them (`nasplat retrain`)."""
 

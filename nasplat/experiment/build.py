@@ -72,6 +72,8 @@ def earlier_results(folder: str, space: Space, metric: str) -> list[tuple[Config
         if row.get("status") == Status.FAILED or metric not in row or not isinstance(step, int) or step < 1:
             continue
         try:
+            if not isinstance(config, dict):
+                raise TypeError(f"config must be a dict, got {config!r}")
             space.validate(config)
         except (ValueError, TypeError) as exc:
             raise ValueError(f"warm_start: a row of {folder} has a config outside this experiment's space: "

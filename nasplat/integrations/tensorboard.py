@@ -103,7 +103,7 @@ class EventFile:
         except FileExistsError:
             pass
         name = f"events.out.tfevents.{int(time.time()):010d}.{_HOST}.{os.getpid()}.{next(_files):06d}"
-        self.records = RecordWriter(open(folder / name, "wb"))
+        self.records = RecordWriter(open(folder / name, "wb"))  # noqa: SIM115 (open until `close`, row after row)
         self.event = Event
         self.write(Event(wall_time=time.time(), file_version="brain.Event:2"))
         if purge_step is not None:  # how TensorBoard marks a restart: later steps from here on replace earlier ones
