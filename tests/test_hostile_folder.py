@@ -18,7 +18,8 @@ import torch
 import nasplat
 from nasplat.oneshot import SharedWeights
 from nasplat.storage import PickleRefused
-from nasplat.storage.checkpoints import MANIFEST_FILE, STATE_FILE, load_state_bytes
+from nasplat.storage.checkpoints import MANIFEST_FILE, STATE_FILE
+from nasplat.storage.states import load_state_bytes
 from servers import free_port, server
 
 ROOT = Path(__file__).resolve().parents[1]

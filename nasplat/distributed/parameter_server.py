@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from nasplat.storage import Storage
-from nasplat.storage.checkpoints import load_state_bytes
+from nasplat.storage.states import load_state_bytes
 from nasplat.trainer import resolve
 
 Generation = tuple[int, int]  # (gang epoch: one per launch/exploit, re-initialisation within it)

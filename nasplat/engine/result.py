@@ -10,7 +10,8 @@ from nasplat.core import pareto
 from nasplat.core.rows import RESERVED, Status, mark_retried
 from nasplat.core.trees import flatten
 from nasplat.storage import META_FILE, ROWS_FILE, Storage, is_uri, local_copy, read_json, read_rows
-from nasplat.storage.checkpoints import Checkpoint, CheckpointLost, latest_checkpoint, load_checkpoint
+from nasplat.storage.checkpoints import Checkpoint, load_checkpoint
+from nasplat.storage.locate import CheckpointLost, latest_checkpoint
 
 if TYPE_CHECKING:
     import pandas as pd

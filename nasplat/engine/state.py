@@ -21,7 +21,8 @@ from nasplat.engine.outbox import Outbox
 from nasplat.engine.records import Budget, TrialRecord
 from nasplat.engine.result import ExperimentResult
 from nasplat.storage import ExperimentFolder
-from nasplat.storage.checkpoints import Checkpoint, checkpoint_locations, locate_checkpoint, relative_location
+from nasplat.storage.checkpoints import Checkpoint
+from nasplat.storage.locate import checkpoint_locations, locate_checkpoint, relative_location
 
 
 class EngineState:

@@ -20,7 +20,8 @@ from nasplat.core.checks import check_int
 from nasplat.core.pareto import parse_constraints, ranked_rows
 from nasplat.oneshot.shared import SharedWeights
 from nasplat.storage import META_FILE, ROWS_FILE, Storage, is_uri, local_copy, read_json, read_rows
-from nasplat.storage.checkpoints import latest_checkpoint, load_checkpoint
+from nasplat.storage.checkpoints import load_checkpoint
+from nasplat.storage.locate import latest_checkpoint
 
 REFERENCE_KEYS = ("supernet", "supernet_trial", "supernet_step")
 

@@ -5,27 +5,24 @@ holding `state.pt` (the trainer's `state_dict`, `torch.save`d) and `manifest.jso
 `files` with their sizes, time), written last: a checkpoint is complete iff its manifest parses and every file it
 names is there with its size, so a reader never takes half of one (nor a manifest cut short) for a checkpoint.
 
-Rows record a checkpoint relative to the experiment folder (`checkpoints/trial-3/step-4`), and a reader resolves
-it against the folder it reads (`checkpoint_locations`): a folder copied or moved elsewhere reads its own.
+A state is read back as data (`nasplat.storage.states`); which checkpoint a row names, and where it lies in a folder
+that was copied or moved, is `nasplat.storage.locate`.
 """
 
 from __future__ import annotations
 
-import io
 import json
 import os
-import pickle
-import posixpath
-import re
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
 from nasplat.core.checks import check_bool, check_int
-from nasplat.storage import CHECKPOINTS, PickleRefused, Storage, StorageError, is_uri, json_default
+from nasplat.storage import Storage, StorageError, json_default
+from nasplat.storage.states import load_state_bytes
 
 
 @dataclass(frozen=True)
@@ -150,75 +147,6 @@ def load_checkpoint(uri: str, *, allow_pickle: bool = False) -> Any:
                             allow_pickle=allow_pickle)
 
 
-def load_state_bytes(payload: bytes, source: str, *, allow_pickle: bool = False) -> Any:
-    """A `torch.save`d state from `payload` (read from `source`), as data unless `allow_pickle` (see
-    `load_checkpoint`)."""
-    import torch
-
-    if allow_pickle:
-        return torch.load(io.BytesIO(payload), map_location="cpu", weights_only=False)
-    try:
-        with torch.serialization.safe_globals(_numpy_globals()):
-            return torch.load(io.BytesIO(payload), map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as exc:
-        named = re.search(r"GLOBAL ([\w.]+)", str(exc))
-        found = f"it names {named.group(1)}" if named else last_words(str(exc))
-        raise PickleRefused(f"{source} holds Python objects other than tensors, arrays, numbers, strings and "
-                            f"containers, which only a pickle that runs code can load; refusing it ({found}). If "
-                            f"you trust whoever made it, pass --trust-pickle (Python: allow_pickle=True)") from None
-
-
-def last_words(text: str) -> str:
-    """The last non-empty line of `text`, at most 200 characters."""
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    return (lines[-1] if lines else "")[:200]
-
-
-def _numpy_globals() -> list[Any]:
-    """The numpy types a state may hold (arrays, their dtypes, scalars): rebuilding them runs no user code."""
-    import numpy as np
-
-    try:
-        from numpy._core.multiarray import _reconstruct, scalar
-    except ImportError:  # numpy < 2
-        from numpy.core.multiarray import _reconstruct, scalar  # type: ignore[no-redef]
-    dtypes = [type(np.dtype(code)) for code in "?bhilqBHILQefdgFDGSUV"]
-    return [_reconstruct, scalar, np.ndarray, np.dtype, *dtypes]
-
-
-class CheckpointLost(LookupError):
-    """The checkpoint asked for (a trial's latest by default) was due and not written, or is gone, while an older
-    one of the trial is there: that one is not used unless asked for by its step."""
-
-
-def latest_checkpoint(rows: Iterable[Mapping[str, Any]], home: str | None, trial_id: Any,
-                      step: int | None = None) -> Checkpoint:
-    """The latest checkpoint of trial `trial_id` at or before `step` (default: any) that `rows` name (a retried
-    attempt's rows left out) and that is still in storage and complete, looked up under `home` (the experiment's
-    location) first: `checkpoint_locations`. Without `step`, a trial whose last row's checkpoint was due and is not
-    there raises `CheckpointLost` (an older state is never taken unasked); none at all raises `LookupError`."""
-    live = [row for row in rows if row.get("trial_id") == trial_id and row.get("status") != "retried"]
-    recorded = sorted({(row["step"], row["checkpoint"]) for row in live
-                       if row.get("checkpoint") and (step is None or row["step"] <= step)}, reverse=True)
-    durable = next((Checkpoint(trial_id, found_step, location) for found_step, uri in recorded
-                    for location in checkpoint_locations(home, uri) if is_complete(location)), None)
-    last = live[-1] if live else {}
-    if step is None and durable is not None and durable.step != last.get("step") and (
-            last.get("checkpoint") or last.get("checkpoint_error")):
-        why = (f"was not written ({last['checkpoint_error']})" if last.get("checkpoint_error")
-               else "is missing or incomplete in storage")
-        older = durable.step
-        raise CheckpointLost(f"trial {trial_id}'s checkpoint at its last step {last.get('step')} {why}; the newest "
-                             f"one left is at step {older}: ask for it with step={older} (nasplat export --step "
-                             f"{older}) if an older state will do")
-    if durable is not None:
-        return durable
-    where = f"at or before step {step}" if step is not None else "at any step"
-    raise LookupError(f"trial {trial_id} has no checkpoint {where} in storage (rows name "
-                      f"{len(recorded)}; the rest were never written or deleted by `keep_best`); run with "
-                      "`checkpoint:` set to keep trained states")
-
-
 def read_manifest(uri: str) -> dict[str, Any]:
     """The manifest of the checkpoint at `uri`."""
     return json.loads(Storage(uri).read(MANIFEST_FILE))
@@ -235,33 +163,6 @@ def list_checkpoints(storage: Storage, trial_id: int) -> list[Checkpoint]:
             if is_complete(uri):
                 found.append(Checkpoint(trial_id, int(step), uri))
     return sorted(found, key=lambda c: c.step)
-
-
-# -- where a row's checkpoint lies ---------------------------------------------------------------------------------
-def relative_location(home: str, uri: str) -> str:
-    """`uri` as a row records it: relative to the experiment folder `home` where it lies inside
-    (`checkpoints/trial-3/step-4`), else as it is."""
-    return uri.removeprefix(home.rstrip("/") + "/")
-
-
-def checkpoint_locations(home: str | None, recorded: str) -> list[str]:
-    """Where the checkpoint a row records as `recorded` may lie, in the order to try, for the experiment folder
-    `home` being read (a path or URI; None: as recorded). A relative location lies inside `home`. An absolute path
-    or URI (rows before locations were relative) is tried first beside `home` (its part from `checkpoints/` on: the
-    folder was copied, moved or downloaded), then as recorded."""
-    if home is None:
-        return [recorded]
-    base = home.rstrip("/")
-    if not (is_uri(recorded) or posixpath.isabs(recorded)):
-        return [f"{base}/{recorded}"]
-    at = recorded.rfind(f"/{CHECKPOINTS}/")
-    beside = [f"{base}/{recorded[at + 1:]}"] if at >= 0 else []
-    return list(dict.fromkeys([*beside, recorded]))
-
-
-def locate_checkpoint(home: str | None, recorded: str) -> str | None:
-    """The first of `checkpoint_locations` that holds a complete checkpoint, or None."""
-    return next((uri for uri in checkpoint_locations(home, recorded) if is_complete(uri)), None)
 
 
 class CheckpointWriter:
