@@ -9,7 +9,7 @@ import math
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
@@ -88,19 +88,29 @@ class Searcher(ABC):
     """A capability of the class, not a fact of one run: whether it ranks several objectives and constraints. A
     `Controller` without it refuses them; a scheduler without it judges trials by the first objective only."""
 
-    min_concurrency: int = 1
-    """How many trials must train side by side (PBT's population); the engine refuses a smaller concurrency and
-    reserves that many slots. A scheduler wraps only controllers that need 1."""
+    @property
+    def min_concurrency(self) -> int:
+        """How many trials must train side by side (PBT's population); the engine refuses a smaller concurrency and
+        reserves that many slots. A scheduler wraps only controllers that need 1."""
+        return 1
 
-    # The objectives, parsed: `metrics` and `modes` (one "max" or "min" per metric), the constraints on metrics;
-    # `metric` and `mode` are the first objective. The space searched and the seed of the search.
-    space: Space
-    metrics: tuple[str, ...]
-    modes: tuple[str, ...]
-    constraints: tuple[Constraint, ...]
-    metric: str
-    mode: str
-    seed: int
+    if TYPE_CHECKING:  # read-only to the engine: a `Controller` stores them, a `Scheduler` forwards its controller's
+        # The objectives, parsed: `metrics` and `modes` (one "max" or "min" per metric), the constraints on metrics;
+        # `metric` and `mode` are the first objective. The space searched and the seed of the search.
+        @property
+        def space(self) -> Space: ...
+        @property
+        def metrics(self) -> tuple[str, ...]: ...
+        @property
+        def modes(self) -> tuple[str, ...]: ...
+        @property
+        def constraints(self) -> tuple[Constraint, ...]: ...
+        @property
+        def metric(self) -> str: ...
+        @property
+        def mode(self) -> str: ...
+        @property
+        def seed(self) -> int: ...
 
     # -- the contract --------------------------------------------------------------------------
     @abstractmethod
@@ -169,6 +179,14 @@ class Controller(Searcher):
     `metric` and `mode` are the first objective.
     """
 
+    space: Space
+    metrics: tuple[str, ...]
+    modes: tuple[str, ...]
+    constraints: tuple[Constraint, ...]
+    metric: str
+    mode: str
+    seed: int
+
     def __init__(self, space: Space | Mapping[str, Any], *, metric: str | Sequence[str],
                  mode: str | Sequence[str] = "max", constraints: Any = None, seed: int = 0) -> None:
         self.metrics, self.modes = parse_objectives(metric, mode)
@@ -194,9 +212,8 @@ class Controller(Searcher):
         """The maximised score of `result`, or None if it failed or lacks a finite metric."""
         if result.failed:
             return None
-        value = result.metrics.get(self.metric)
-        try:
-            value = float(value)
+        try:  # a missing metric reads as NaN: not finite, so no score
+            value = float(result.metrics.get(self.metric, math.nan))
         except (TypeError, ValueError):
             return None
         if not math.isfinite(value):
@@ -218,7 +235,7 @@ class Controller(Searcher):
         values = []
         for name in self.metrics:
             try:
-                value = float(result.metrics.get(name))
+                value = float(result.metrics.get(name, math.nan))
             except (TypeError, ValueError):
                 return None
             if not math.isfinite(value):
@@ -251,7 +268,7 @@ class Controller(Searcher):
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Continue from `state` (a copy of it: the controller shares nothing with it)."""
-        state = copy.deepcopy(dict(state))
-        self.rng.bit_generator.state = state.pop("rng")
-        for key, value in state.items():
+        own = copy.deepcopy(dict(state))
+        self.rng.bit_generator.state = own.pop("rng")
+        for key, value in own.items():
             setattr(self, key, value)

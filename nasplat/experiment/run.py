@@ -140,10 +140,10 @@ def _create_folder(built: BuiltExperiment, storage: str) -> ExperimentFolder:
     folder = ExperimentFolder(storage_location(storage, built.name))
     ctrl = built.controller
     several = len(ctrl.metrics) > 1  # lists for several objectives, as ExperimentResult.load reads them
-    meta = dict(name=built.name, metric=list(ctrl.metrics) if several else ctrl.metric,
-                mode=list(ctrl.modes) if several else ctrl.mode, controller=type(ctrl).__name__,
-                location=folder.location, executor=built.executor_name,
-                **({"constraints": [str(c) for c in ctrl.constraints]} if ctrl.constraints else {}))
+    meta: dict[str, Any] = dict(name=built.name, metric=list(ctrl.metrics) if several else ctrl.metric,
+                                mode=list(ctrl.modes) if several else ctrl.mode, controller=type(ctrl).__name__,
+                                location=folder.location, executor=built.executor_name,
+                                **({"constraints": [str(c) for c in ctrl.constraints]} if ctrl.constraints else {}))
     if isinstance(ctrl, Scheduler):  # the wrapped controller, and the rungs for the report
         meta.update(controller=type(ctrl.controller).__name__, schedule=ctrl.describe())
     folder.create({META_FILE: json.dumps(meta, indent=2).encode(), **built.spec.named(built.name).files(),

@@ -161,7 +161,7 @@ class ExperimentSpec:
             pass
         try:
             return {SPEC_PICKLE: cloudpickle.dumps(self.to_dict())}
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 (whatever pickling raises becomes the one-line refusal below)
             raise ValueError(f"the experiment cannot be saved to `storage`: {type(exc).__name__}: {exc}; give the "
                              "trainer, space and controller by dotted path and name, or objects that pickle") from None
 

@@ -171,10 +171,10 @@ class Scheduler(Searcher):
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Continue from `state`: the wrapped controller from its part, the scheduler from the rest."""
-        state = copy.deepcopy(dict(state))
-        self.controller.load_state_dict(state.pop("controller"))
-        self.rng.bit_generator.state = state.pop("rng")
-        for key, value in state.items():
+        own = copy.deepcopy(dict(state))
+        self.controller.load_state_dict(own.pop("controller"))
+        self.rng.bit_generator.state = own.pop("rng")
+        for key, value in own.items():
             if key not in FORWARDED and key != "multi_objective":  # older snapshots: copies, and ASHA's run fact
                 setattr(self, key, value)
 
