@@ -28,10 +28,9 @@ demo: install
 	$(VENV)/bin/nasplat run examples/quickstart.yaml --name quickstart-$$(date +%s)
 	$(PY) benchmarks/nb201.py --runs 100 --datasets cifar10
 
-# Everything, slow tests included: what CI runs (.ci/run). Hypothesis draws under the derandomized `ci` profile
-# (tests/conftest.py); HYPOTHESIS_PROFILE=explore looks for new failures.
-# TODO(issue 32): `lint` joins here, as `test: install-test lint`, once its last findings are fixed.
-test: install-test
+# Everything, slow tests included, after the linter and the type checker: what CI runs (.ci/run). Hypothesis draws
+# under the derandomized `ci` profile (tests/conftest.py); HYPOTHESIS_PROFILE=explore looks for new failures.
+test: install-test lint
 	$(PY) -m pytest -q
 
 # The same without the tests marked slow (those over a minute).

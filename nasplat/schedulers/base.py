@@ -30,7 +30,7 @@ class Scheduler(Searcher):
     from every fidelity (`nasplat.controllers.mf_model`) learns there, paused, stopped and promoted trials alike.
     """
 
-    def __init__(self, controller: Controller) -> None:
+    def __init__(self, controller: Searcher) -> None:
         if isinstance(controller, Scheduler):
             raise ValueError(f"a scheduler wraps a search controller, not another scheduler; got "
                              f"{type(controller).__name__}")
