@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from nasplat.controllers.base import Controller, Result, TrialSpec
-from nasplat.controllers.surrogate.encoding import Encoder
+from nasplat.controllers.surrogate.encoding import Encoder, Pool, refill_pool
 from nasplat.core.checks import check_int, check_real
 from nasplat.space import Config, Space
 from nasplat.space.domains import config_key, copy_config
@@ -68,7 +68,7 @@ class ModelBasedMultiFidelity(Controller):
         self.encoder = Encoder(self.space)
         self.configs: dict[int, Config] = {}  # trial -> its config
         self.encodings: dict[int, np.ndarray] = {}  # trial -> its config's encoding
-        self.pool: tuple[list[Any], list[Config], np.ndarray] = ([], [], np.zeros((0, self.encoder.size)))
+        self.pool: Pool = ([], [], np.zeros((0, self.encoder.size)))
         self.seen: set[Any] = set()  # keys of every config proposed
         self.observed: dict[tuple[int, int], float] = {}  # (trial, step) -> maximised score, in order of arrival
         self.pending: set[int] = set()  # trials proposed and not yet observed
@@ -166,15 +166,8 @@ class ModelBasedMultiFidelity(Controller):
         return picked + configs, encoded
 
     def _top_up_pool(self) -> tuple[set[Any], list[Config], np.ndarray]:
+        self.pool = refill_pool(self.pool, self.seen, self.pool_size, self.encoder, self.rng)
         keys, configs, rows = self.pool
-        kept = [i for i, key in enumerate(keys) if key not in self.seen]
-        keys, configs, rows = [keys[i] for i in kept], [configs[i] for i in kept], rows[kept]
-        fresh = [self.space.sample(self.rng) for _ in range(self.pool_size - len(kept))]
-        if fresh:
-            keys += [config_key(c) for c in fresh]
-            configs += fresh
-            rows = np.vstack([rows, self.encoder.encode_many(fresh)])
-        self.pool = keys, configs, rows
         return set(keys), configs, rows
 
     def _encoded(self, trials: list[int]) -> np.ndarray:

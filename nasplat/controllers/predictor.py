@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from nasplat.controllers.base import Controller, Result, TrialSpec
-from nasplat.controllers.surrogate.encoding import Encoder
+from nasplat.controllers.surrogate.encoding import Encoder, Pool, refill_pool
 from nasplat.controllers.surrogate.ensemble import MLPEnsemble
 from nasplat.core.checks import check_int, check_real
 from nasplat.space import Config, Space
@@ -77,7 +77,7 @@ class Predictor(Controller):
         self.scores = np.zeros(0)
         self.unfitted = 0  # results that arrived since the last fit
         self.around: dict[Any, tuple[list[Any], list[Config], np.ndarray]] = {}  # neighbourhoods of the best
-        self.pool: tuple[list[Any], list[Config], np.ndarray] = ([], [], np.zeros((0, self.encoder.size), np.float32))
+        self.pool: Pool = ([], [], np.zeros((0, self.encoder.size), np.float32))
         self.climb = 0  # restarts so far
         self.climb_members: list[int] = []  # indices into `configs` of the current climb's results
         self.stale = 0  # results in a row that did not beat the current climb's best
@@ -128,17 +128,9 @@ class Predictor(Controller):
         rows = np.concatenate(blocks) if blocks else np.zeros((0, self.encoder.size), dtype=np.float32)
         return configs, rows
 
-    def _top_up_pool(self) -> tuple[list[Any], list[Config], np.ndarray]:
+    def _top_up_pool(self) -> Pool:
         """The random pool without the configs proposed since, refilled to `pool_size` with fresh samples."""
-        keys, configs, rows = self.pool
-        kept = [i for i, key in enumerate(keys) if key not in self.seen]
-        keys, configs, rows = [keys[i] for i in kept], [configs[i] for i in kept], rows[kept]
-        fresh = [self.space.sample(self.rng) for _ in range(self.pool_size - len(kept))]
-        if fresh:
-            keys += [config_key(c) for c in fresh]
-            configs += fresh
-            rows = np.concatenate([rows, self.encoder.encode_many(fresh)])
-        self.pool = keys, configs, rows
+        self.pool = refill_pool(self.pool, self.seen, self.pool_size, self.encoder, self.rng)
         return self.pool
 
     def _fit(self) -> None:

@@ -9,12 +9,16 @@ sign(v) * log1p(|v|) / 10 so that scores of any scale (synflow's reach 1e30) sit
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Container, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from nasplat.space import Choice, Config, Float, Int, Space
+from nasplat.space.domains import config_key
+
+Pool = tuple[list[Any], list[Config], np.ndarray]
+"""A pool of candidate configs: their `config_key`s, the configs, and their encodings (one row each)."""
 
 # A space's layout: (key, domain, offset, the layouts of a Choice's dict options, None for other options).
 Layout = list[tuple[str, Any, int, list["Layout | None"]]]
@@ -92,3 +96,17 @@ def _unit(domain: Int | Float, value: float) -> float:
     if domain.log:
         return (math.log(value) - math.log(low)) / (math.log(high) - math.log(low))
     return (float(value) - low) / (high - low)
+
+
+def refill_pool(pool: Pool, seen: Container[Any], size: int, encoder: Encoder, rng: np.random.Generator) -> Pool:
+    """`pool` without the configs whose key is in `seen`, refilled to `size` with fresh samples of the encoder's
+    space (drawn from `rng`, encoded once): the random candidates a model-based controller scores."""
+    keys, configs, rows = pool
+    kept = [i for i, key in enumerate(keys) if key not in seen]
+    keys, configs, rows = [keys[i] for i in kept], [configs[i] for i in kept], rows[kept]
+    fresh = [encoder.space.sample(rng) for _ in range(size - len(kept))]
+    if fresh:
+        keys += [config_key(c) for c in fresh]
+        configs += fresh
+        rows = np.concatenate([rows, encoder.encode_many(fresh)])
+    return keys, configs, rows
