@@ -235,7 +235,7 @@ if sys.argv[1] == "run":
                 max_trials=4, max_steps=14, concurrency=4, seed=5, executor="simulated", storage=sys.argv[2], name="exp",
                 checkpoint={"every": 1})
 else:
-    nasplat.resume(Path(sys.argv[2]) / "exp")
+    nasplat.resume(Path(sys.argv[2]) / "exp", allow_pickle=True)  # the trainer lives in this script's __main__
 print("EVENTS", events[0])
 """
 
