@@ -24,6 +24,7 @@ from pathlib import Path
 
 import nasplat
 from nasplat import Choice, Float, Int, Trainer
+from nasplat.executors.local import LocalExecutor
 from nasplat.storage import files, folder
 
 events, kill_at = [0], int(os.environ.get("KILL_AT", "0"))
@@ -52,10 +53,12 @@ def killing(function):
 files.RowLog.append = torn_append
 os.replace, os.fsync = killing(replace), killing(fsync)
 
-# The folder syncs on a clock; syncing at every call makes the write events, and so the kill points, the same in
-# every run.
+# The folder syncs on a clock, and the checkpoint writer's thread releases waiting rows (each release a sync) when
+# it happens to finish; syncing at every call and writing checkpoints in line make the write events, and so the
+# kill points, the same in every run, however busy the machine.
 sync = folder.ExperimentFolder.sync
 folder.ExperimentFolder.sync = lambda self, force=False: sync(self, force=True)
+LocalExecutor.background_writes = False
 
 class Toy(Trainer):
     def setup(self, config, ctx):
