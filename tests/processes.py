@@ -8,6 +8,26 @@ import signal
 import time
 from pathlib import Path
 
+DIE_AFTER_ROWS = """
+import os, signal, sys
+import nasplat
+from nasplat.storage import files
+
+rows, kill_after = [0], int(os.environ["KILL_AFTER"])
+append = files.RowLog.append
+
+def append_then_die(self, item):
+    append(self, item)
+    if "step" in item:
+        rows[0] += 1
+        if rows[0] == kill_after:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+files.RowLog.append = append_then_die
+"""
+"""The start of a driver script that SIGKILLs itself right after the $KILL_AFTER-th row reached results.jsonl (0:
+never); the script goes on with its `nasplat.run` or `nasplat.resume`."""
+
 
 def session_pids(sid: int) -> list[int]:
     """The live (non-zombie) pids in process session `sid`; Ray's processes stay in the session that started them."""

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from processes import DIE_AFTER_ROWS
 import yaml
 
 import nasplat
@@ -187,22 +188,7 @@ def test_mobster_from_yaml(toy, tmp_path):
 
 
 # -- resumed exactly ------------------------------------------------------------------------------------------
-DRIVER = """
-import os, signal, sys
-import nasplat
-from nasplat.storage import files
-
-rows, kill_after = [0], int(os.environ["KILL_AFTER"])
-append = files.RowLog.append
-
-def append_then_die(self, item):
-    append(self, item)
-    if "step" in item:
-        rows[0] += 1
-        if rows[0] == kill_after:
-            os.kill(os.getpid(), signal.SIGKILL)
-
-files.RowLog.append = append_then_die
+DRIVER = DIE_AFTER_ROWS + """
 nasplat.run(trainer="toy_mf:Curve", space="toy_mf:SPACE", metric="score", executor=sys.argv[3],
             concurrency=int(sys.argv[4]), max_trials=24, max_steps=9, seed=4, controller="mobster",
             controller_options={"initial_samples": 5, "pool_size": 60, "refit_every": 4},

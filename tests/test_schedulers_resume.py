@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from processes import DIE_AFTER_ROWS
 
 from nasplat.storage import read_rows
 
@@ -33,22 +34,7 @@ class Counter(Trainer):
 """
 
 # SIGKILLs itself right after the KILL_AFTER-th row reached results.jsonl (0: never)
-DRIVER = """
-import os, signal, sys
-import nasplat
-from nasplat.storage import files
-
-rows, kill_after = [0], int(os.environ["KILL_AFTER"])
-append = files.RowLog.append
-
-def append_then_die(self, item):
-    append(self, item)
-    if "step" in item:
-        rows[0] += 1
-        if rows[0] == kill_after:
-            os.kill(os.getpid(), signal.SIGKILL)
-
-files.RowLog.append = append_then_die
+DRIVER = DIE_AFTER_ROWS + """
 nasplat.run(trainer="toy_asha:Counter", space="toy_asha:SPACE", metric="score", executor="local", concurrency=1,
             max_trials=12, max_steps=9, seed=1, scheduler={"name": "asha", "type": "promote"},
             storage=sys.argv[1], name=sys.argv[2], checkpoint=os.environ["CHECKPOINT"] == "1")
