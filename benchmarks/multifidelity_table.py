@@ -45,9 +45,10 @@ MODEL_BASED = "mobster"
 Trace = list[tuple[float, float, float]]  # (simulated end, valid_acc, test_acc) of every epoch trained
 
 
-def nasplat_trace(method: str, seed: int, budget_s: float) -> Trace:
-    """One seeded nasplat search's epochs."""
+def nasplat_trace(method: str, seed: int, budget_s: float, extra: dict[str, Any] | None = None) -> Trace:
+    """One seeded nasplat search's epochs (`extra`: more controller options)."""
     controller, options, scheduler = NASPLAT[method]
+    options = {**options, **(extra or {})}
     result = nasplat.run(trainer=LCTable, space=space, metric="valid_acc", controller=controller,
                          controller_options=options, scheduler=scheduler, executor="simulated",
                          concurrency=WORKERS, max_steps=EPOCHS, time_budget_s=budget_s, seed=seed)
@@ -253,6 +254,7 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=50)
     parser.add_argument("--budget", type=float, default=100.0, help="full trainings of worker time")
     parser.add_argument("--only", nargs="+", default=list(NASPLAT) + list(ANCHORS))
+    parser.add_argument("--mobster-options", default="{}", help="JSON of more options of the mobster controller")
     args = parser.parse_args()
     curves = load_curves().curves
     best = float(curves["valid_acc"].max())
@@ -273,7 +275,8 @@ def main() -> None:
                 not_installed.append(f"{method}: {exc}")
                 continue
         started = time.perf_counter()
-        traces[method] = [nasplat_trace(method, seed, budget_s) if method in NASPLAT else
+        extra = json.loads(args.mobster_options) if method == MODEL_BASED else None
+        traces[method] = [nasplat_trace(method, seed, budget_s, extra) if method in NASPLAT else
                           ANCHORS[method](seed, budget_s) for seed in range(args.seeds)]
         scored = [at_checkpoints(t, budget_s, best) for t in traces[method]]
         regrets, tests = np.array([r for r, _ in scored]), np.array([t for _, t in scored])

@@ -297,15 +297,18 @@ def test_initial_configs_come_first_and_a_bad_one_is_one_line():
 
 
 # -- warm start -----------------------------------------------------------------------------------------------
-def test_a_search_warm_started_from_an_earlier_folder_reaches_its_best_in_a_quarter_of_the_trials(tmp_path):
-    """On the learning-curve table, trials trained to the end: a first search of 40 trials; a second of 40,
-    warm-started from its folder (its rows feed the model, its incumbents are proposed again first), reaches the
-    first's best validation accuracy within its first 10 trials."""
+@pytest.mark.parametrize("scheduler", [None, {"name": "asha", "type": "promote"}])
+def test_a_search_warm_started_from_an_earlier_folder_reaches_its_best_in_a_quarter_of_the_trials(tmp_path,
+                                                                                               scheduler):
+    """On the learning-curve table, trials trained to the end or through ASHA's `promote` rungs: a first search of
+    40 trials; a second of 40, warm-started from its folder (its rows feed the model, its incumbents are proposed
+    again first and, under a scheduler, trained to the end), reaches the first's best validation accuracy within
+    its first 10 trials."""
     from search_spaces.lc_table import space
     from trainers.lc_table import LCTable
 
     common = dict(trainer=LCTable, space=space, metric="valid_acc", executor="simulated", concurrency=4,
-                  max_steps=27, max_trials=40, storage=tmp_path)
+                  max_steps=27, max_trials=40, storage=tmp_path, scheduler=scheduler)
     first = nasplat.run(**common, controller="random", seed=0, name="first")
     best = max(r["valid_acc"] for r in first.rows)
     second = nasplat.run(**common, controller="mobster", seed=1, name="second", warm_start=str(tmp_path / "first"))
@@ -313,6 +316,38 @@ def test_a_search_warm_started_from_an_earlier_folder_reaches_its_best_in_a_quar
     assert reached and min(reached) < 10, reached[:3]
     cold = nasplat.run(**common, controller="mobster", seed=1, name="cold")
     assert [r["config"] for r in cold.rows[:1]] != [r["config"] for r in second.rows[:1]]  # the warm start decided
+    if scheduler is not None:  # the re-proposed incumbents trained to the end; other trials paused at rungs
+        steps: dict[int, int] = {}
+        for row in second.rows:
+            steps[row["trial_id"]] = max(steps.get(row["trial_id"], 0), row["step"])
+        assert [steps[t] for t in range(3)] == [27, 27, 27]
+        assert sum(s == 1 for s in steps.values()) > 20
+
+
+def test_a_trial_proposed_train_to_end_passes_every_rung_and_still_reaches_on_rung(toy):
+    """ASHA (`promote`, rungs 1 and 3 below 9) and the median rule never stop or pause a `train_to_end` trial; its
+    rungs reach the wrapped controller once each, and no rung records it."""
+    from nasplat.controllers import TrialSpec
+    from nasplat.schedulers import MedianStopping
+
+    class FirstToEnd(Recording):
+        def ask(self):
+            spec = super().ask()
+            return TrialSpec(spec.trial_id, spec.config, train_to_end=spec.trial_id == 0)
+
+    for make in (lambda c: ASHA(c, max_steps=9, type="promote"), lambda c: MedianStopping(c, min_samples=1)):
+        controller = FirstToEnd(toy.SPACE, metric="score", seed=0)
+        scheduler = make(controller)
+        result = nasplat.run(trainer=toy.Curve, space=toy.SPACE, metric="score", controller=controller,
+                             scheduler=scheduler, executor="simulated", concurrency=1, max_trials=12, max_steps=9,
+                             seed=0)
+        first = [r for r in result.rows if r["trial_id"] == 0]
+        assert [r["step"] for r in first] == list(range(1, 10)) and first[-1]["status"] == "completed"
+        assert scheduler.unjudged == {0}
+        if isinstance(scheduler, ASHA):
+            assert [s for t, s in controller.rungs if t == 0] == [1, 3, 9]
+            assert all(0 not in rung for rung in scheduler.recorded[0])
+            assert any(r["status"] == "paused" for r in result.rows)  # the others were judged
 
 
 def test_warm_start_from_yaml_and_a_bad_folder_is_one_line(tmp_path, toy):

@@ -26,6 +26,8 @@ class TrialSpec:
     config: Config
     parent_id: int | None = None
     inherit_from: int | None = None  # an ended trial whose final state this one starts from, where it fits
+    train_to_end: bool = False  # a scheduler trains it to `max_steps` without judging it at rungs (a warm start's
+    # earlier incumbent, proposed again: the earlier run judged it already)
 
 
 @dataclass(frozen=True)
@@ -253,8 +255,9 @@ class Controller(Searcher):
             self.failed_trials.append(trial_id)
         return scored
 
-    def _propose(self, config: Config, parent_id: int | None = None, inherit_from: int | None = None) -> TrialSpec:
-        spec = TrialSpec(self.next_trial_id, config, parent_id, inherit_from)
+    def _propose(self, config: Config, parent_id: int | None = None, inherit_from: int | None = None,
+                 train_to_end: bool = False) -> TrialSpec:
+        spec = TrialSpec(self.next_trial_id, config, parent_id, inherit_from, train_to_end)
         self.next_trial_id += 1
         return spec
 

@@ -44,27 +44,34 @@ class ModelBasedMultiFidelity(Controller):
        `num_parents` configs with the best predicted score and `mutations` mutations of them, leaving out every
        config proposed before;
     4. proposes the candidate with the highest expected improvement at the target fidelity over the best
-       predicted score of an observed config there. The target fidelity is `max_steps`, or the highest step
-       observed so far when None.
+       predicted score of an observed config there. The target fidelity is the highest step observed at least
+       `min_at_target` times (the lowest observed while none is), at most `max_steps`: as BOHB's model, judged
+       where the data are rather than extrapolated to a fidelity few trials reached.
+
+    `warm_start` proposes an earlier experiment's incumbents again first, `train_to_end` (a scheduler runs them to
+    the end: the earlier run judged them at its rungs already).
     """
 
     def __init__(self, space: Space | Mapping[str, Any], *, initial_samples: int = 10, max_steps: int | None = None,
                  max_points: int = 128, refit_every: int = 10, pool_size: int = 500, num_parents: int = 3,
-                 mutations: int = 20, random_fraction: float = 0.0, initial_configs: Sequence[Config] = (),
-                 **kwargs: Any) -> None:
+                 mutations: int = 20, random_fraction: float = 0.0, min_at_target: int = 1,
+                 initial_configs: Sequence[Config] = (), **kwargs: Any) -> None:
         super().__init__(space, **kwargs)
         for config in initial_configs:
             self.space.validate(config)
         self.initial_configs = [copy_config(c) for c in initial_configs]
         for name, value, low in (("initial_samples", initial_samples, 1), ("max_points", max_points, 2),
                                  ("refit_every", refit_every, 1), ("pool_size", pool_size, 1),
-                                 ("num_parents", num_parents, 0), ("mutations", mutations, 0)):
+                                 ("num_parents", num_parents, 0), ("mutations", mutations, 0),
+                                 ("min_at_target", min_at_target, 1)):
             check_int(name, value, minimum=low)
         check_int("max_steps", max_steps, minimum=1, optional=True)
         check_real("random_fraction", random_fraction, minimum=0, maximum=1)
         self.initial_samples, self.max_steps, self.max_points = initial_samples, max_steps, max_points
         self.refit_every, self.pool_size, self.num_parents = refit_every, pool_size, num_parents
         self.mutations, self.random_fraction = mutations, float(random_fraction)
+        self.min_at_target = min_at_target
+        self.user_configs = len(self.initial_configs)  # those after them are a warm start's incumbents
         self.encoder = Encoder(self.space)
         self.configs: dict[int, Config] = {}  # trial -> its config
         self.encodings: dict[int, np.ndarray] = {}  # trial -> its config's encoding
@@ -119,7 +126,8 @@ class ModelBasedMultiFidelity(Controller):
     # -- proposing --------------------------------------------------------------------------------------------
     def ask(self) -> TrialSpec:
         if self.next_trial_id < len(self.initial_configs):  # the user's configs first, in their order
-            return self._remember(copy_config(self.initial_configs[self.next_trial_id]))
+            return self._remember(copy_config(self.initial_configs[self.next_trial_id]),
+                                  train_to_end=self.next_trial_id >= self.user_configs)
         explore = self.random_fraction > 0 and self.rng.random() < self.random_fraction
         if len(self.observed) < self.initial_samples or explore:
             return self._remember(self.space.sample_unseen(self.rng, self.seen))
@@ -141,8 +149,14 @@ class ModelBasedMultiFidelity(Controller):
         return self._remember(copy_config(configs[int(np.argmax(expected_improvement(mean, std, incumbent)))]))
 
     def target(self) -> int:
-        """The fidelity proposals are judged at: `max_steps`, else the highest step observed."""
-        return self.max_steps or max(step for _, step in self.observed)
+        """The fidelity proposals are judged at: the highest step (at most `max_steps`) observed at least
+        `min_at_target` times, else the lowest step observed."""
+        counts: dict[int, int] = {}
+        for _, step in self.observed:
+            counts[step] = counts.get(step, 0) + 1
+        steps = [s for s, n in counts.items() if n >= self.min_at_target]
+        target = max(steps) if steps else min(counts)
+        return min(target, self.max_steps) if self.max_steps else target
 
     def candidates(self, model: Any, target: int, trained: list[int]) -> tuple[list[Config], np.ndarray]:
         """Unproposed configs with their encodings: the random pool (drawn once, topped up to `pool_size` as its
@@ -213,9 +227,9 @@ class ModelBasedMultiFidelity(Controller):
                 model.fit(np.vstack([inputs, believed_at]), np.concatenate([scores, believed]))
         return model, target, trained
 
-    def _remember(self, config: Config) -> TrialSpec:
+    def _remember(self, config: Config, train_to_end: bool = False) -> TrialSpec:
         self.seen.add(config_key(config))
-        spec = self._propose(config)
+        spec = self._propose(config, train_to_end=train_to_end)
         self.configs[spec.trial_id] = copy_config(config)
         self.encodings[spec.trial_id] = self.encoder.encode(config).astype(float)
         self.pending.add(spec.trial_id)

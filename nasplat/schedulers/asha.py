@@ -25,7 +25,8 @@ class ASHA(Scheduler):
     `ASHAScheduler`. `type="promote"`: Algorithm 2 of Li et al. (2020). A trial reaching a rung pauses and gives its
     slot back; whenever a slot is free, `promote` scans the rungs from the top down and resumes the best trial in
     the top `floor(n / reduction_factor)` of a rung's `n` results that was not promoted yet; with none, the
-    wrapped controller's `ask` grows the bottom rung.
+    wrapped controller's `ask` grows the bottom rung. A trial proposed `train_to_end` (a warm start's earlier
+    incumbent) passes every rung: its rungs reach the wrapped controller, and nothing else records them.
 
     With `brackets=n`, bracket b's rungs start at `grace_period * reduction_factor**b`; each new trial joins a
     bracket drawn from the scheduler's seeded stream with weights `bracket_weights()` (as Tune: a softmax over
@@ -112,6 +113,11 @@ class ASHA(Scheduler):
         for k in reversed(range(len(rungs))):  # the highest rung reached and not recorded yet
             if result.step < rungs[k] or trial_id in recorded[k]:
                 continue
+            if trial_id in self.unjudged:  # trained to the end: seen at its rungs, never recorded, paused or stopped
+                if self.reached.get(trial_id, -1) < k:
+                    self.reached[trial_id] = k
+                    self.reach(trial_id, result)
+                return CONTINUE
             self.reached[trial_id] = k
             self.reach(trial_id, result)
             if self.type == "stop" and self.pareto:

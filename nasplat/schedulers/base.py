@@ -43,6 +43,7 @@ class Scheduler(Searcher):
         self.rng = np.random.default_rng([controller.seed, 0x5C4E])  # the scheduler's own stream (brackets)
         self.told: set[int] = set()
         self.rung_steps: dict[int, int] = {}  # trial -> the step of its latest report handed to `on_rung`
+        self.unjudged: set[int] = set()  # trials proposed `train_to_end`: never stopped or paused at a rung
 
     # -- the wrapped controller's objectives -----------------------------------------------------------
     @property
@@ -82,9 +83,12 @@ class Scheduler(Searcher):
 
     # -- forwarded to the wrapped controller ---------------------------------------------------------
     def ask(self) -> TrialSpec | None:
-        """The wrapped controller's next trial, which `on_ask` then places in the schedule."""
+        """The wrapped controller's next trial, which `on_ask` then places in the schedule (a trial proposed
+        `train_to_end` goes on at every rung: `decide` lets it through)."""
         spec = self.controller.ask()
         if spec is not None:
+            if spec.train_to_end:
+                self.unjudged.add(spec.trial_id)
             self.on_ask(spec)
         return spec
 

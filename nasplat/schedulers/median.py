@@ -34,7 +34,7 @@ class MedianStopping(Scheduler):
         steps.append(result.step)
         sums.append(score + (sums[-1] if sums else 0.0))
         best.append(max(score, best[-1]) if best else score)
-        if result.step < self.grace_period or len(self.ended) < self.min_samples:
+        if result.step < self.grace_period or len(self.ended) < self.min_samples or trial_id in self.unjudged:
             return CONTINUE
         return STOP if best[-1] < self.median(result.step) else CONTINUE
 
