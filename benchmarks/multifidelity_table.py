@@ -226,6 +226,26 @@ ANCHORS: dict[str, Callable[[int, float], Trace]] = {
 NEEDS = {"dehb": "dehb", "smac_mf": "smac", "synetune_bohb": "syne_tune", "optuna_tpe_hyperband": "optuna"}
 
 
+# -- warm start -------------------------------------------------------------------------------------------
+def warm_start_reach(seed: int, budget_s: float, extra: dict[str, Any] | None = None) -> tuple[float, int]:
+    """A first `mobster` search over the budget; a second (seed + 1000) warm-started from its folder: the share of
+    the second's trials up to the first that matched the first's best validation accuracy, and its trial count."""
+    import tempfile
+
+    controller, options, scheduler = NASPLAT[MODEL_BASED]
+    common = dict(trainer=LCTable, space=space, metric="valid_acc", controller=controller,
+                  controller_options={**options, **(extra or {})}, scheduler=scheduler, executor="simulated",
+                  concurrency=WORKERS, max_steps=EPOCHS, time_budget_s=budget_s)
+    with tempfile.TemporaryDirectory(prefix="nasplat-warm-") as folder:
+        first = nasplat.run(**common, seed=seed, storage=folder, name="first")
+        best = max(float(r["valid_acc"]) for r in first.rows if "valid_acc" in r)
+        second = nasplat.run(**common, seed=seed + 1000, storage=folder, name="second",
+                             warm_start=f"{folder}/first")
+    trials = len({r["trial_id"] for r in second.rows})
+    reached = min((r["trial_id"] for r in second.rows if float(r.get("valid_acc", 0.0)) >= best), default=None)
+    return (float("inf") if reached is None else (reached + 1) / trials), trials
+
+
 # -- scoring ----------------------------------------------------------------------------------------------
 def at_checkpoints(trace: Trace, budget_s: float, best: float) -> tuple[list[float], list[float]]:
     """Validation regret and the incumbent's test accuracy at each fraction of the budget."""
@@ -255,6 +275,7 @@ def main() -> None:
     parser.add_argument("--budget", type=float, default=100.0, help="full trainings of worker time")
     parser.add_argument("--only", nargs="+", default=list(NASPLAT) + list(ANCHORS))
     parser.add_argument("--mobster-options", default="{}", help="JSON of more options of the mobster controller")
+    parser.add_argument("--warm-seeds", type=int, default=10, help="seeds of the warm-start check (0: skip it)")
     args = parser.parse_args()
     curves = load_curves().curves
     best = float(curves["valid_acc"].max())
@@ -293,8 +314,15 @@ def main() -> None:
         reach_asha = float(np.mean([min(reach(t, budget_s, best, final), 2.0) for t in traces[MODEL_BASED]]))
         print(f"{MODEL_BASED} reaches ASHA-random's final mean regret ({final:.4f}) after {reach_asha:.3f} of the "
               "budget on average (a seed that never does counts 2)")
+    warm = [warm_start_reach(seed, budget_s, json.loads(args.mobster_options)) for seed in range(args.warm_seeds)]
+    if warm:
+        shares = [share for share, _ in warm]
+        print(f"warm start: a second {MODEL_BASED} search warm-started from a first one's folder matched the first's "
+              f"best after {np.mean(shares):.3f} of its trials on average (worst {max(shares):.3f}; "
+              f"{np.mean([n for _, n in warm]):.0f} trials a search; {len(warm)} seeds; goal <= 0.25)")
     print(json.dumps({"model_based": MODEL_BASED, "regret": regret, "sem": sem, "test_acc": test,
-                      "reach_asha_final": reach_asha, "not_installed": not_installed}))
+                      "reach_asha_final": reach_asha, "warm_start_share": float(np.mean(shares)) if warm else None,
+                      "not_installed": not_installed}))
 
 
 if __name__ == "__main__":
