@@ -233,9 +233,10 @@ def warm_start_reach(seed: int, budget_s: float, extra: dict[str, Any] | None = 
     import tempfile
 
     controller, options, scheduler = NASPLAT[MODEL_BASED]
-    common = dict(trainer=LCTable, space=space, metric="valid_acc", controller=controller,
-                  controller_options={**options, **(extra or {})}, scheduler=scheduler, executor="simulated",
-                  concurrency=WORKERS, max_steps=EPOCHS, time_budget_s=budget_s)
+    common: dict[str, Any] = {"trainer": LCTable, "space": space, "metric": "valid_acc", "controller": controller,
+                              "controller_options": {**options, **(extra or {})}, "scheduler": scheduler,
+                              "executor": "simulated", "concurrency": WORKERS, "max_steps": EPOCHS,
+                              "time_budget_s": budget_s}
     with tempfile.TemporaryDirectory(prefix="nasplat-warm-") as folder:
         first = nasplat.run(**common, seed=seed, storage=folder, name="first")
         best = max(float(r["valid_acc"]) for r in first.rows if "valid_acc" in r)
