@@ -14,8 +14,9 @@ from nasplat.core.checks import check_int
 from nasplat.executors.base import Executor, StepEvent
 from nasplat.executors.ray import park
 from nasplat.executors.ray.gang import Gang, GangOptions
+from nasplat.executors.ray.rank import StepOutcome
 from nasplat.executors.ray.slots import Call, Slot, ship_by_value
-from nasplat.executors.saves import SaveTracker, StepOutcome
+from nasplat.executors.saves import SaveTracker
 from nasplat.space import Config
 from nasplat.storage import Storage
 from nasplat.storage.checkpoints import Checkpoint
