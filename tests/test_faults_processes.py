@@ -188,8 +188,7 @@ class HangsInTrialOne(Counting):
 def test_a_hung_step_times_out_fails_its_trial_and_the_trials_beside_it_complete(tmp_path: Path) -> None:
     """Three trials on one worker: trial 1's step hangs; the worker is killed at `step_timeout_s`, trial 1 fails
     with the timeout, trials 0 and 2 are relaunched on a new worker, uncharged, and complete."""
-    executor = ProcessExecutor(3, processes=1)
-    executor.step_timeout_s = 2  # as the engine sets it (and `nasplat.run(step_timeout_s=...)` does)
+    executor = ProcessExecutor(3, processes=1, step_timeout_s=2)  # as `nasplat.run(step_timeout_s=2)` builds it
     with time_limit(60):
         result = nasplat.run(trainer=HangsInTrialOne, space={"x": Float(0.0, 1.0)}, metric="score",
                              executor=executor, max_trials=3, max_steps=4, seed=0, storage=tmp_path, name="hang",

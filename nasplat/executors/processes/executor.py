@@ -13,7 +13,7 @@ from functools import partial
 from multiprocessing.connection import wait
 from typing import Any
 
-from nasplat.core.checks import check_int, is_int
+from nasplat.core.checks import check_int, check_real, is_int
 from nasplat.executors.base import Executor, StepEvent
 from nasplat.executors.processes.child import ActivitySlot
 from nasplat.executors.processes.messages import (
@@ -79,8 +79,10 @@ class ProcessExecutor(Executor):
 
     supports_step_timeout = True
 
-    def __init__(self, concurrency: int = 1, *, processes: int | None = None, threads: int | None = None) -> None:
+    def __init__(self, concurrency: int = 1, *, processes: int | None = None, threads: int | None = None,
+                 step_timeout_s: float | None = None) -> None:
         check_int("concurrency", concurrency, minimum=1)
+        self.step_timeout_s = check_real("step_timeout_s", step_timeout_s, minimum=0, strict=True, optional=True)
         if processes is not None:
             check_int("processes", processes, minimum=1, note="worker processes")
         if threads is not None and (not is_int(threads) or threads < 1):  # the exact line tests pin: no hint
