@@ -177,9 +177,10 @@ class ProcessExecutor(Executor):
     def _flush(self) -> None:
         """Write every request queued (`pool.write`): at the end of a `launch`, `step` or `exploit` (their steps
         start at once), before the driver waits on a worker; so a `stop`'s `End` goes with what comes next. A worker
-        whose pipe is broken is dead (`Intake.died`)."""
-        for worker in self.pool.flush():
-            self.intake.died(worker)
+        whose pipe is broken is dead (`Intake.died`); what its death queued (relaunches) is written too."""
+        while broken := self.pool.flush():
+            for worker in broken:
+                self.intake.died(worker)
 
     def _ask(self, worker: WorkerProcess, message: Request) -> Any:
         """Send `message` and wait for the worker's reply (None if the worker died); events that arrive first are
