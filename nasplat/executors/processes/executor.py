@@ -169,7 +169,7 @@ class ProcessExecutor(Executor):
     def _send(self, trial_id: int, message: Request) -> None:
         record = self.trials.get(trial_id)
         if record is not None and record.worker is not None:  # a live worker: `Intake.died` moves a dead one's trials
-            record.running = True
+            record.sent()
             self.pool.write(record.worker, message)  # if the worker died, `Intake.died` relaunched or failed the trial
         elif self.intake.saves.owes(trial_id):  # its worker died while the driver waited on it: the saves asked since
             self.intake.lost(trial_id, 0)  # fail

@@ -1,5 +1,6 @@
-"""The `processes` driver's record of each trial its workers host: where it is, what it owes, and enough to host it
-again elsewhere when its worker dies.
+"""The `processes` driver's record of each trial its workers host (`HostedTrial`; all of them, `HostedTrials`): where
+it is, what it owes, and enough to host it again elsewhere when its worker dies; and the final states of stopped
+trials asked for and not yet sent (`AwaitedStates`).
 
 A worker that dies takes its trials' in-memory states with it. The trial whose code was running there is charged
 (the engine retries it like any failure); every other trial it hosted only waited, so the driver relaunches it on
@@ -46,6 +47,10 @@ class HostedTrial:
     request: Step | None = None  # the step the engine asked for and has not been told of
     saves: dict[int, int] = field(default_factory=dict)  # save asked for (its step) -> the position it copies
     relaunches: int = 0  # relaunches after unexplained deaths since its last reported step
+
+    def sent(self) -> None:
+        """A request that starts a step of the trial (a launch, a step, an exploit) went to its worker."""
+        self.running = True
 
     def stepped(self, trial_id: int, snapshot: bool, save: int | None) -> None:
         """The engine asked for the trial's next step (with a snapshot, a save of its current state)."""
