@@ -103,9 +103,9 @@ def test_a_worker_holds_no_lock_no_file_open_for_writing_and_no_other_pipe(tmp_p
         for trial_id in range(2):  # one on each worker: a worker that steps has let go of what it inherited
             executor.launch(trial_id, {}, seed=trial_id)
         assert len(_steps(executor, 2)) == 2
-        for index, worker in enumerate(executor.pool):
+        for index, worker in enumerate(executor.pool.workers):
             pid = worker.process.pid
-            driver_ends = {w.conn.fileno() for w in executor.pool[: index + 1]}  # open when it was forked
+            driver_ends = {w.conn.fileno() for w in executor.pool.workers[: index + 1]}  # open when it was forked
             targets = {}
             for fd in os.listdir(f"/proc/{pid}/fd"):
                 with contextlib.suppress(OSError):
@@ -132,12 +132,12 @@ def test_a_worker_ends_at_the_end_of_its_pipe_though_later_workers_were_forked()
         for trial_id in range(2):
             executor.launch(trial_id, {}, seed=trial_id)
         assert len(_steps(executor, 2)) == 2
-        first, second = (w.process for w in executor.pool)
-        executor.pool[0].conn.close()
+        first, second = (w.process for w in executor.pool.workers)
+        executor.pool.workers[0].conn.close()
         assert still_running([first.pid], timeout=10) == []
         assert first.exitcode == 0 and second.is_alive()
     finally:
-        executor.pool[0].alive = False
+        executor.pool.workers[0].alive = False
         executor.close()
 
 
@@ -188,8 +188,7 @@ class HangsInTrialOne(Counting):
 def test_a_hung_step_times_out_fails_its_trial_and_the_trials_beside_it_complete(tmp_path: Path) -> None:
     """Three trials on one worker: trial 1's step hangs; the worker is killed at `step_timeout_s`, trial 1 fails
     with the timeout, trials 0 and 2 are relaunched on a new worker, uncharged, and complete."""
-    executor = ProcessExecutor(3, processes=1)
-    executor.step_timeout_s = 2  # as the engine sets it (and `nasplat.run(step_timeout_s=...)` does)
+    executor = ProcessExecutor(3, processes=1, step_timeout_s=2)  # as `nasplat.run(step_timeout_s=2)` builds it
     with time_limit(60):
         result = nasplat.run(trainer=HangsInTrialOne, space={"x": Float(0.0, 1.0)}, metric="score",
                              executor=executor, max_trials=3, max_steps=4, seed=0, storage=tmp_path, name="hang",
@@ -257,7 +256,7 @@ def test_a_worker_killed_between_steps_charges_nobody() -> None:
             executor.launch(trial_id, {}, seed=trial_id)
         seen = _steps(executor, 3)
         assert {t: e.metrics["t"] for t, e in seen.items()} == {0: 1, 1: 1, 2: 1}
-        first = executor.pool[0].process
+        first = executor.pool.workers[0].process
         os.kill(first.pid, signal.SIGKILL)
         first.join(timeout=30)
         for _ in range(2):
@@ -265,7 +264,7 @@ def test_a_worker_killed_between_steps_charges_nobody() -> None:
                 executor.step(trial_id)
             seen = _steps(executor, 3)
         assert {t: (e.error, (e.metrics or {}).get("t")) for t, e in seen.items()} == {t: (None, 3) for t in range(3)}
-        assert {e.pid for e in seen.values()} == {executor.pool[0].process.pid} != {first.pid}
+        assert {e.pid for e in seen.values()} == {executor.pool.workers[0].process.pid} != {first.pid}
     finally:
         executor.close()
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pickle
 
 from nasplat.executors.local import LocalExecutor
-from nasplat.executors.saves import SaveTracker, StepOutcome
+from nasplat.executors.ray.rank import StepOutcome
+from nasplat.executors.saves import SaveTracker
 from nasplat.storage import Storage
 from nasplat.storage.checkpoints import Checkpoint
 from nasplat.trainer import Trainer

@@ -1,6 +1,7 @@
 """A step that hangs no longer stalls a run: `step_timeout_s` on the `ray` executor kills the hung trial's gang and
-retries it like any failure; `time_budget_s` bounds the wait for running steps (the trials left resumable);
-executors that cannot stop a running step refuse `step_timeout_s` in one line, and so does a bad value."""
+retries it like any failure, and so does a `processes` executor built with its own `step_timeout_s`; `time_budget_s`
+bounds the wait for running steps (the trials left resumable); executors that cannot stop a running step refuse
+`step_timeout_s` in one line, and so do a bad value and a ready executor built with another timeout."""
 
 from __future__ import annotations
 
@@ -13,7 +14,10 @@ import pytest
 import nasplat
 from nasplat import Choice, Int, Trainer
 from nasplat.cli import main
+from nasplat.controllers.random_search import RandomSearch
+from nasplat.engine.loop import Engine
 from nasplat.engine.records import MIN_GRACE_S, Budget
+from nasplat.executors.processes import ProcessExecutor
 from nasplat.experiment.spec import ExperimentSpec
 
 
@@ -68,6 +72,51 @@ def test_step_timeout_on_an_executor_that_cannot_stop_a_step_is_one_line(tmp_pat
         nasplat.run(trainer=HangsOnce, space=space(tmp_path), metric="score", executor=executor, max_trials=2,
                     step_timeout_s=5, storage=tmp_path / "out")
     assert not (tmp_path / "out").exists()  # refused before the folder was created
+
+
+def test_a_processes_executor_built_with_a_step_timeout_kills_a_hung_step_in_a_run_given_none(tmp_path):
+    executor = ProcessExecutor(2, processes=2, step_timeout_s=2)
+    begin = time.monotonic()
+    result = nasplat.run(trainer=HangsOnce, space=space(tmp_path), metric="score", executor=executor,
+                         max_trials=4, max_steps=2, max_failures=1, seed=0)
+    assert time.monotonic() - begin < 60
+    assert (tmp_path / "hung").exists()  # trial 0's first attempt did hang
+    retried = [r for r in result.rows if r["status"] == "retried"]
+    assert [r["trial_id"] for r in retried] == [0]
+    assert retried[0]["error"].startswith("step timed out after 2 s (step_timeout_s=2): trial 0's step")
+    assert result.counts() == {"completed": 4}
+    assert [r["attempt"] for r in result.rows if r["trial_id"] == 0 and r["status"] != "retried"] == [1, 1]
+
+
+def test_a_ready_executor_built_with_another_step_timeout_than_the_run_is_refused_in_one_line(tmp_path):
+    for built, line in [
+        (ProcessExecutor(2), ("got step_timeout_s=5 for a ProcessExecutor built with step_timeout_s=None; pass it "
+                             "to the executor's constructor, e.g. ProcessExecutor(step_timeout_s=5)")),
+        (ProcessExecutor(2, step_timeout_s=3), ("got step_timeout_s=5 for a ProcessExecutor built with "
+                                               "step_timeout_s=3.0; pass it to the executor's constructor, e.g. "
+                                               "ProcessExecutor(step_timeout_s=5)")),
+    ]:
+        with pytest.raises(ValueError) as refused:
+            nasplat.run(trainer=HangsOnce, space=space(tmp_path), metric="score", executor=built, max_trials=2,
+                        step_timeout_s=5, storage=tmp_path / "out")
+        assert str(refused.value) == f"`step_timeout_s` of the run differs from the ready executor's own: {line}"
+        assert not (tmp_path / "out").exists()  # refused before the folder was created
+    with pytest.raises(ValueError, match=r"^`step_timeout_s` must be a finite number > 0 \(or None\), got "
+                                         r"step_timeout_s=0$"):
+        ProcessExecutor(2, step_timeout_s=0)
+
+
+def test_the_engine_reads_the_step_timeout_and_its_grace_from_the_executor_and_never_sets_it():
+    controller = RandomSearch({"x": Int(0, 3)}, metric="score", seed=0)
+    executor = ProcessExecutor(2, step_timeout_s=3)
+    engine = Engine(controller=controller, executor=executor, trainer=HangsOnce, budget=Budget(time_s=20))
+    assert (engine.budget.step_timeout_s, engine.budget.grace_s, executor.step_timeout_s) == (3, 3, 3)
+    same = Engine(controller=controller, executor=executor, trainer=HangsOnce,
+                  budget=Budget(time_s=20, step_timeout_s=3))
+    assert same.budget.grace_s == 3
+    with pytest.raises(ValueError, match=r"got step_timeout_s=4 for a ProcessExecutor built with step_timeout_s=3"):
+        Engine(controller=controller, executor=executor, trainer=HangsOnce, budget=Budget(time_s=20, step_timeout_s=4))
+    assert executor.step_timeout_s == 3 and ProcessExecutor(2).step_timeout_s is None
 
 
 GOOD = {"name": "t", "trainer": "test_timeouts:HangsOnce", "space": {"x": Int(0, 3)}, "metric": "score",

@@ -7,6 +7,7 @@ the engine knows and decides without an executor is `nasplat.engine.state.Engine
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from collections import deque
 from typing import Any
@@ -23,7 +24,7 @@ from nasplat.engine.records import Budget, ExperimentFailed, TrialRecord
 from nasplat.engine.result import ExperimentResult
 from nasplat.engine.state import EngineState
 from nasplat.engine.step_metrics import MetricError, clean_metrics
-from nasplat.executors import check_step_timeout
+from nasplat.executors import step_timeout_in_force
 from nasplat.executors.base import Executor, StepEvent
 from nasplat.storage import ExperimentFolder
 from nasplat.storage.checkpoints import Checkpoint, CheckpointPolicy
@@ -42,7 +43,8 @@ class Engine(EngineState):
         check_int("max_failed_trials", max_failed_trials, minimum=0, optional=True)
         if checkpoint is not None and folder is None:
             raise ValueError("checkpoints need `storage`: set `storage` or drop `checkpoint`")
-        check_step_timeout(executor, budget.step_timeout_s)
+        # the executor's timeout is the one in force; the budget's grace follows it
+        budget = dataclasses.replace(budget, step_timeout_s=step_timeout_in_force(executor, budget.step_timeout_s))
         super().__init__(controller, budget, max_failed_trials=max_failed_trials, folder=folder,
                          deterministic=trainer.deterministic)
         self.executor, self.trainer = executor, trainer
@@ -59,8 +61,6 @@ class Engine(EngineState):
     def run(self) -> ExperimentResult:
         """Run to the end of the budget; raises `ExperimentFailed` once more than `max_failed_trials` failed."""
         try:
-            if self.budget.step_timeout_s is not None:
-                self.executor.step_timeout_s = self.budget.step_timeout_s
             self.executor.open(self.trainer, self.name, self.folder.checkpoints if self.folder is not None else None)
             deadline = self._deadline()
             needed = self.controller.min_concurrency

@@ -27,11 +27,12 @@ EXECUTORS: Registry[type[Executor]] = Registry("executor", {
 DEFAULT_EXECUTOR = "local"
 
 
-def check_step_timeout(executor: Executor, step_timeout_s: float | None) -> None:
-    """Refuse `step_timeout_s` on an executor that cannot enforce it, in one line naming it and those that can."""
+def check_step_timeout(executor: Executor | type[Executor], step_timeout_s: float | None) -> None:
+    """Refuse `step_timeout_s` on an executor (or executor class) that cannot enforce it, in one line naming it and
+    those that can."""
     if step_timeout_s is None or executor.supports_step_timeout:
         return
-    name = EXECUTORS.name_of(executor) or type(executor).__name__
+    name = EXECUTORS.name_of(executor) or (executor if isinstance(executor, type) else type(executor)).__name__
     able = []
     for other in EXECUTORS:
         try:
@@ -43,4 +44,17 @@ def check_step_timeout(executor: Executor, step_timeout_s: float | None) -> None
                      f"{name!r} cannot, got step_timeout_s={step_timeout_s!r} (drop it, or change the executor)")
 
 
-__all__ = ["DEFAULT_EXECUTOR", "EXECUTORS", "check_step_timeout"]
+def step_timeout_in_force(executor: Executor, step_timeout_s: float | None) -> float | None:
+    """The step timeout a run has on `executor`: the executor's own (`Executor.step_timeout_s`, given to its
+    constructor), the one value the engine reads. A run's `step_timeout_s` (None: the executor's) must be that value:
+    refused in one line otherwise, as on an executor that cannot enforce one."""
+    check_step_timeout(executor, step_timeout_s)
+    if step_timeout_s is not None and step_timeout_s != executor.step_timeout_s:
+        cls = type(executor).__name__
+        raise ValueError(f"`step_timeout_s` of the run differs from the ready executor's own: got step_timeout_s="
+                         f"{step_timeout_s!r} for a {cls} built with step_timeout_s={executor.step_timeout_s!r}; pass "
+                         f"it to the executor's constructor, e.g. {cls}(step_timeout_s={step_timeout_s!r})")
+    return executor.step_timeout_s
+
+
+__all__ = ["DEFAULT_EXECUTOR", "EXECUTORS", "check_step_timeout", "step_timeout_in_force"]

@@ -41,9 +41,10 @@ class Executor(ABC):
     supports_step_timeout: ClassVar[bool] = False
     """Whether the executor enforces `step_timeout_s`: a step running longer is ended and reported as failed."""
     step_timeout_s: float | None = None
-    """The longest a step may run, in seconds (None: no limit); set by the engine before `open`, only on an
-    executor that `supports_step_timeout`. A step that runs longer is killed and reported as a `StepEvent` whose
-    error says "step timed out after N s (step_timeout_s=N)"."""
+    """The longest a step may run, in seconds (None: no limit): a constructor keyword of an executor that
+    `supports_step_timeout` (`nasplat.experiment.build.make_executor` passes the run's), None on the others. The
+    engine reads it (`nasplat.executors.step_timeout_in_force`), never sets it. A step that runs longer is killed and
+    reported as a `StepEvent` whose error says "step timed out after N s (step_timeout_s=N)"."""
     virtual_clock: ClassVar[bool] = False
     """Whether `now` is a simulated clock (no step takes wall time): the engine then puts no deadline on running
     steps after the time budget (see `nasplat.engine.loop.Engine`)."""

@@ -1,4 +1,4 @@
-"""Checkpoint saves in flight: which each trial was asked for and not yet reported, and the typed result of a step.
+"""Checkpoint saves in flight: which each trial was asked for and not yet reported.
 
 Every executor keeps one `SaveTracker`: a save is `request`ed when `step`, `exploit` or `stop` asks for it, and
 leaves the tracker once an event reports it (`report`), durable or failed. Where its writer is gone (a dead worker
@@ -8,9 +8,7 @@ exactly once, whatever the executor.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Iterable
 
 from nasplat.storage.checkpoints import Checkpoint
 
@@ -51,22 +49,3 @@ class SaveTracker:
         """Trial `trial_id`'s pending saves as failed checkpoints (error `reason`: their writer is gone), taken off
         the pending ones: the caller reports them. A write may still have left a complete checkpoint behind."""
         return tuple(Checkpoint(trial_id, step, None, reason) for step in sorted(self._pending.pop(trial_id, ())))
-
-
-@dataclass(frozen=True)
-class StepOutcome(Mapping[str, Any]):
-    """What one rank of a gang returns from a step: the trainer's `metrics` and the checkpoints of the trial that
-    finished (durable or failed) since the rank's last call, `saved` (only rank 0 writes any). It reads as the
-    mapping of its metrics, so a caller after the metrics alone needs nothing else."""
-
-    metrics: dict[str, Any]
-    saved: tuple[Checkpoint, ...] = field(default=())
-
-    def __getitem__(self, key: str) -> Any:
-        return self.metrics[key]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self.metrics)
-
-    def __len__(self) -> int:
-        return len(self.metrics)

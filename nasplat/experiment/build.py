@@ -13,7 +13,7 @@ from nasplat.controllers import CONTROLLERS, Controller, check_controller_option
 from nasplat.controllers.base import Result, Searcher
 from nasplat.core.rows import RESERVED, Status
 from nasplat.engine.records import Budget
-from nasplat.executors import EXECUTORS, check_step_timeout
+from nasplat.executors import EXECUTORS, check_step_timeout, step_timeout_in_force
 from nasplat.executors.base import Executor
 from nasplat.experiment.spec import ExperimentSpec
 from nasplat.integrations import make_callbacks
@@ -96,12 +96,12 @@ def build(spec: ExperimentSpec) -> BuiltExperiment:
         controller.warm_start(earlier_results(spec.warm_start, controller.space, controller.metric))
     name = spec.name or f"{type(controller).__name__.lower()}-{time.strftime('%Y%m%d-%H%M%S')}"
     callbacks = _callbacks(spec.callbacks)
-    executor = make_executor(spec.executor, concurrency=spec.concurrency, **spec.executor_options)
-    check_step_timeout(executor, spec.step_timeout_s)  # before any folder is created
+    executor = make_executor(spec.executor, concurrency=spec.concurrency, step_timeout_s=spec.step_timeout_s,
+                             **spec.executor_options)  # a timeout it cannot enforce refused before any folder exists
     return BuiltExperiment(
         spec=spec, trainer=trainer, controller=controller, name=name,
         budget=Budget(max_trials=spec.max_trials, time_s=spec.time_budget_s, max_steps=spec.max_steps,
-                      step_timeout_s=spec.step_timeout_s),
+                      step_timeout_s=step_timeout_in_force(executor, spec.step_timeout_s)),
         policy=CheckpointPolicy.from_options(spec.checkpoint), executor=executor, callbacks=callbacks)
 
 
@@ -135,13 +135,19 @@ def make_space(space: Any) -> Space:
     return Space(domains, forbidden={name: rule for part in spaces for name, rule in part.forbidden.items()})
 
 
-def make_executor(executor: str | Executor, *, concurrency: int | None, **options: Any) -> Executor:
-    """A ready instance as it is, or the executor of `EXECUTORS` called `executor` with `concurrency` trials at
-    once (None: the executor's default, 1 in process, what the Ray cluster holds on `ray`) and `options`."""
+def make_executor(executor: str | Executor, *, concurrency: int | None, step_timeout_s: float | None = None,
+                  **options: Any) -> Executor:
+    """A ready instance as it is (a `step_timeout_s` other than its own refused), or the executor of `EXECUTORS`
+    called `executor` with `concurrency` trials at once (None: the executor's default, 1 in process, what the Ray
+    cluster holds on `ray`), `step_timeout_s` (refused first by a class that cannot enforce it) and `options`."""
     if isinstance(executor, Executor):
+        step_timeout_in_force(executor, step_timeout_s)
         return executor
     cls = EXECUTORS.lookup(executor)
-    return cls(**({"concurrency": concurrency} if concurrency is not None else {}), **options)
+    check_step_timeout(cls, step_timeout_s)
+    timeout = {"step_timeout_s": step_timeout_s} if step_timeout_s is not None and "step_timeout_s" not in options \
+        else {}  # where `options` has its own too, `step_timeout_in_force` compares them
+    return cls(**({"concurrency": concurrency} if concurrency is not None else {}), **timeout, **options)
 
 
 def _callbacks(specs: Sequence[Any]) -> list[Any]:

@@ -1,7 +1,7 @@
 """The `processes` driver's I/O with one worker: its pipe (pickled messages) and its `ActivitySlot` (shared memory).
 
 Everything here reads or writes bytes and returns what it read: messages, the activity running past a time limit.
-Nothing here changes a trial's record; the executor (`nasplat.executors.processes.executor`) decides what each
+Nothing here changes a trial's record; the intake (`nasplat.executors.processes.intake`) decides what each
 message means.
 """
 

@@ -1,5 +1,6 @@
-"""The `processes` driver's record of each trial its workers host: where it is, what it owes, and enough to host it
-again elsewhere when its worker dies.
+"""The `processes` driver's record of each trial its workers host (`HostedTrial`; all of them, `HostedTrials`): where
+it is, what it owes, and enough to host it again elsewhere when its worker dies; and the final states of stopped
+trials asked for and not yet sent (`AwaitedStates`).
 
 A worker that dies takes its trials' in-memory states with it. The trial whose code was running there is charged
 (the engine retries it like any failure); every other trial it hosted only waited, so the driver relaunches it on
@@ -12,6 +13,7 @@ its trainer again: a trainer whose steps are not a function of its state and see
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,7 +32,7 @@ with it is its own, even where no code of its own seemed to run). Deaths charged
 @dataclass(eq=False)
 class HostedTrial:
     """What the driver knows of one trial it hosts. Positions count the trial's reported steps since its launch.
-    The executor changes `worker` only through `ProcessExecutor._place`; the rest through the methods here."""
+    `worker` changes only through `HostedTrials.place`; the rest through the methods here."""
 
     config: Config
     seed: int
@@ -45,6 +47,10 @@ class HostedTrial:
     request: Step | None = None  # the step the engine asked for and has not been told of
     saves: dict[int, int] = field(default_factory=dict)  # save asked for (its step) -> the position it copies
     relaunches: int = 0  # relaunches after unexplained deaths since its last reported step
+
+    def sent(self) -> None:
+        """A request that starts a step of the trial (a launch, a step, an exploit) went to its worker."""
+        self.running = True
 
     def stepped(self, trial_id: int, snapshot: bool, save: int | None) -> None:
         """The engine asked for the trial's next step (with a snapshot, a save of its current state)."""
@@ -102,3 +108,60 @@ class HostedTrial:
             self.snapshots_due = 0
         message = Relaunch(trial_id, self.config, self.seed, self.state, self.inherit, self.done - self.at, then)
         return message, lost
+
+
+class HostedTrials(dict[int, HostedTrial]):
+    """The driver's record of every trial it hosts, by id (and of those whose attempt a death ended). Where a trial
+    lives changes here only (`place`), its record and its workers' sets of trials together."""
+
+    def place(self, trial_id: int, worker: WorkerProcess | None) -> None:
+        """Host the trial on `worker` (None: nowhere, its attempt ended with its worker, or it ends)."""
+        record = self[trial_id]
+        if record.worker is not None:
+            record.worker.trials.discard(trial_id)
+        record.worker = worker
+        if worker is not None:
+            worker.trials.add(trial_id)
+
+    def worker_of(self, trial_id: int) -> WorkerProcess | None:
+        """The worker hosting the trial (None: none, or not a trial hosted)."""
+        record = self.get(trial_id)
+        return None if record is None else record.worker
+
+    def waiting(self, worker: WorkerProcess) -> list[int]:
+        """The worker's trials with a step asked for and not reported (running or queued there)."""
+        return [t for t in worker.trials if self[t].running]
+
+    def running(self) -> bool:
+        """Whether a step of any trial was asked for and not reported."""
+        return any(record.running for record in self.values())
+
+
+class AwaitedStates:
+    """The final states of stopped trials asked of their workers (`Keep`) whose replies have not come, by trial: the
+    worker that owes each. A later ask for the same trial, or a drop, voids an earlier one (its reply is let go)."""
+
+    def __init__(self) -> None:
+        self.owed: dict[int, tuple[object, WorkerProcess]] = {}  # trial id -> (its ask's token, the worker)
+
+    def expect(self, trial_id: int, worker: WorkerProcess, kept: dict[int, Any]) -> Callable[[Any], None]:
+        """Note that `worker` owes the trial's final state; returns the answer that puts it into `kept` when it comes
+        (None: there is none), unless the ask was voided meanwhile."""
+        token = object()
+        self.owed[trial_id] = (token, worker)
+
+        def answer(state: Any) -> None:
+            if trial_id in self.owed and self.owed[trial_id][0] is token:
+                del self.owed[trial_id]
+                if state is not None:
+                    kept[trial_id] = state
+        return answer
+
+    def owed_by(self, trial_id: int) -> WorkerProcess | None:
+        """The worker whose reply with the trial's final state has not come (None: none awaited)."""
+        return self.owed[trial_id][1] if trial_id in self.owed else None
+
+    def drop(self, keep: set[int]) -> None:
+        """Let go of the states awaited but those of `keep`."""
+        for trial_id in [t for t in self.owed if t not in keep]:
+            del self.owed[trial_id]

@@ -10,12 +10,13 @@ from typing import Any
 
 import ray
 
-from nasplat.core.checks import check_int
+from nasplat.core.checks import check_int, check_real
 from nasplat.executors.base import Executor, StepEvent
 from nasplat.executors.ray import park
 from nasplat.executors.ray.gang import Gang, GangOptions
+from nasplat.executors.ray.rank import StepOutcome
 from nasplat.executors.ray.slots import Call, Slot, ship_by_value
-from nasplat.executors.saves import SaveTracker, StepOutcome
+from nasplat.executors.saves import SaveTracker
 from nasplat.space import Config
 from nasplat.storage import Storage
 from nasplat.storage.checkpoints import Checkpoint
@@ -43,7 +44,9 @@ class RayExecutor(Executor):
     def __init__(self, concurrency: int | None = None, *, cpus_per_trial: float = 1.0, gpus_per_trial: float = 0.0,
                  workers: int = 1, backend: str = "allreduce", strategy: str = "PACK",
                  backend_options: dict[str, Any] | None = None, address: str | None = None,
-                 init_options: dict[str, Any] | None = None, park_s: float = 10.0) -> None:
+                 init_options: dict[str, Any] | None = None, park_s: float = 10.0,
+                 step_timeout_s: float | None = None) -> None:
+        self.step_timeout_s = check_real("step_timeout_s", step_timeout_s, minimum=0, strict=True, optional=True)
         if concurrency is not None:
             check_int("concurrency", concurrency, minimum=1, note="or None for the cluster's CPUs")
         if not cpus_per_trial > 0:

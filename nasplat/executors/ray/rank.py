@@ -1,5 +1,6 @@
 """One rank of a gang (`RankActor`, a Ray actor): it hosts the trainer of whichever trial its gang runs now, and
-joins the gang's backend. `nasplat.executors.ray.gang.Gang` makes and drives the actors."""
+joins the gang's backend. `nasplat.executors.ray.gang.Gang` makes and drives the actors. What a rank's call returns:
+a `StepOutcome`, or raises `TrialFailed`."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ import os
 import socket
 import sys
 import traceback
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import ray
@@ -18,7 +20,6 @@ from nasplat.distributed.context import (
     rank_seed,
     worker_device,
 )
-from nasplat.executors.saves import StepOutcome
 from nasplat.space import Config
 from nasplat.storage.checkpoints import Checkpoint
 from nasplat.trainer import Trainer
@@ -33,6 +34,25 @@ class TrialFailed(Exception):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return TrialFailed, (self.args[0], self.saved)
+
+
+@dataclass(frozen=True)
+class StepOutcome(Mapping[str, Any]):
+    """What one rank of a gang returns from a step: the trainer's `metrics` and the checkpoints of the trial that
+    finished (durable or failed) since the rank's last call, `saved` (only rank 0 writes any). It reads as the
+    mapping of its metrics, so a caller after the metrics alone needs nothing else."""
+
+    metrics: dict[str, Any]
+    saved: tuple[Checkpoint, ...] = field(default=())
+
+    def __getitem__(self, key: str) -> Any:
+        return self.metrics[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.metrics)
+
+    def __len__(self) -> int:
+        return len(self.metrics)
 
 
 class RankActor:
