@@ -59,8 +59,8 @@ class Space:
             if not isinstance(key, str):
                 raise TypeError(f"space keys must be strings, got {key!r}")
             self.domains[key] = Space(value) if isinstance(value, Mapping) else value
-        self.constrained = bool(rules) or any(isinstance(d, (Domain, Space)) and d.constrained
-                                              for d in self.domains.values())
+        self.constrained: bool = bool(rules) or any(isinstance(d, (Domain, Space)) and d.constrained
+                                                    for d in self.domains.values())
 
     def __repr__(self) -> str:
         rules = f", forbidden={sorted(self.forbidden)!r}" if self.forbidden else ""
