@@ -43,4 +43,14 @@ def check_step_timeout(executor: Executor, step_timeout_s: float | None) -> None
                      f"{name!r} cannot, got step_timeout_s={step_timeout_s!r} (drop it, or change the executor)")
 
 
-__all__ = ["DEFAULT_EXECUTOR", "EXECUTORS", "check_step_timeout"]
+def reserve_members(executor: Executor, members: int, search: str) -> None:
+    """Start the slots of the `members` trials the search `search` trains side by side (`Executor.reserve`, where
+    there are several); refuse, in one line, an executor with fewer slots (`concurrency`)."""
+    if executor.concurrency < members:
+        raise ValueError(f"{search} needs its {members} members training side by side, "
+                         f"got concurrency={executor.concurrency}; raise concurrency to >= {members}")
+    if members > 1:
+        executor.reserve(members)
+
+
+__all__ = ["DEFAULT_EXECUTOR", "EXECUTORS", "check_step_timeout", "reserve_members"]
