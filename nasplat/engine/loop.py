@@ -45,7 +45,7 @@ class Engine(EngineState):
         self.executor, self.trainer = executor, trainer
         self.name, self.seed, self.max_failures = name, seed, max_failures
         self.policy, self.progress = checkpoint, progress
-        self.book = CheckpointBook(checkpoint, self.home)  # which checkpoints go, and when
+        self.book = CheckpointBook(checkpoint, self.home)  # which checkpoints are written, which go, and when
         self.printer = console.ProgressPrinter(self.progress_line if progress else None)  # at most once a second
         # `nasplat.engine.listener.Listener`s, or objects with some of its hooks: dashboard metrics,
         # TensorBoard, MLflow
