@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import pickle
 from typing import Any
 
 import numpy as np
@@ -430,3 +431,17 @@ def test_float_neighbours_step_a_tenth_of_the_range_on_its_scale_including_from_
     draws = [[space.mutate(config, r), space.perturb(config, r)] for r in (np.random.default_rng(5),
                                                                            np.random.default_rng(5))]
     assert draws[0] == draws[1]
+
+
+def test_a_pickle_made_before_choice_moved_to_its_own_module_still_loads() -> None:
+    """A spec pickled before `Choice` left `nasplat.space.space` (an `experiment.pkl`) names it there."""
+    space = Space({"a": Choice([1, 2, {"b": Int(0, 3)}]), "c": Int(1, 1)})
+    made_before = pickle.dumps(space, protocol=0).replace(b"cnasplat.space.choice\nChoice\n",
+                                                          b"cnasplat.space.space\nChoice\n")
+    assert b"nasplat.space.choice" not in made_before
+    loaded = pickle.loads(made_before)
+    assert type(loaded.domains["a"]) is Choice and loaded.domains["a"].changeable
+    config = {"a": {"b": 2}, "c": 1}
+    loaded.validate(config)
+    child = loaded.mutate(config, np.random.default_rng(0))
+    assert child != config and child["c"] == 1

@@ -20,7 +20,7 @@ from typing import ClassVar
 
 from nasplat.core.checks import check_int
 from nasplat.oneshot import DartsTrainer, PathTrainer, ProxyTrainer, Supernet, SupernetTrainer
-from nasplat.oneshot.training import Splits
+from nasplat.oneshot.evaluation import Splits
 from nasplat.space import Config, Space
 from search_spaces import nb201
 from search_spaces.nb201_supernet import NB201Supernet

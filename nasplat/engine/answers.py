@@ -18,8 +18,11 @@ of: they run every trial.
 from __future__ import annotations
 
 import json
+from collections import deque
 from typing import Any
 
+from nasplat.engine.records import TrialRecord
+from nasplat.executors.base import StepEvent
 from nasplat.space import Config
 
 
@@ -34,7 +37,8 @@ def config_key(config: Config) -> str | None:
 
 class RecordedAnswers:
     """The metrics of each step of every completed trial of a deterministic trainer, by config (the first trial
-    to complete each), and which trials are being answered from which source."""
+    to complete each), which trials are being answered from which source, and the steps answered and not yet
+    handled (`pending`: the engine takes them as it takes the executor's events)."""
 
     def __init__(self, enabled: bool) -> None:
         self.enabled = enabled
@@ -42,6 +46,7 @@ class RecordedAnswers:
         self._first: dict[str, int] = {}  # config key -> the first trial that completed with it
         self._sources: dict[int, tuple[dict[str, Any], ...]] = {}  # such a trial -> its metrics of each step
         self.answering: dict[int, int] = {}  # trial answered from the record -> its source trial
+        self.pending: deque[StepEvent] = deque()
 
     def observe(self, trial_id: int, step: int, metrics: dict[str, Any]) -> None:
         """A step's metrics were recorded for the trial (a retried attempt starts again at an earlier step)."""
@@ -86,3 +91,19 @@ class RecordedAnswers:
         step."""
         steps = self._sources.get(self.answering.get(trial_id, -1), ())
         return dict(steps[step - 1]) if 0 < step <= len(steps) else None
+
+    def answer_next(self, record: TrialRecord, now: float) -> bool:
+        """Answer the trial's next step from the record into `pending` (an event at `now` on the executor's clock),
+        if a completed trial of an equal config can: a new trial from its first step, one already answered (then
+        paused) from where it stands. False where it must run on the executor."""
+        answering = record.trial_id in self.answering
+        if self.source(record.trial_id, record.config) is None:
+            return False
+        step = record.step + 1 if answering else 1
+        metrics = self.metrics(record.trial_id, step)
+        if metrics is None:  # its source recorded no such step: it runs (from the start)
+            self.answering.pop(record.trial_id, None)
+            return False
+        record.step = step - 1
+        self.pending.append(StepEvent(record.trial_id, metrics, None, now, now))
+        return True

@@ -1,10 +1,11 @@
-"""Which of an experiment's checkpoints go, and when: the ones newer checkpoints replaced, once a synced row names
-the successor (before, a resume would still need them), and those of ended trials outside the `keep_best` best.
-Also the count of checkpoints that could not be written, which the run's end reports in one line."""
+"""Which of an experiment's checkpoints are written, which go, and when: a step's checkpoint where the policy asks
+for one (and a paused trial's always); the ones newer checkpoints replaced, once a synced row names the successor
+(before, a resume would still need them), and those of ended trials outside the `keep_best` best. Also the count of
+checkpoints that could not be written, printed as they fail and summed up in one line at the run's end."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from nasplat.core.rows import Status
@@ -26,6 +27,14 @@ class CheckpointBook:
         self.superseded: dict[str, Checkpoint] = {}
         self.deletable: list[Checkpoint] = []
         self.lost: list[Checkpoint] = []  # checkpoints whose write failed (not those a newer one superseded)
+
+    def save_step(self, step: int, status: Status, *, perturbation: bool, stored: bool) -> int | None:
+        """The step to checkpoint after a step that left its trial in `status` (None: none): where the policy asks
+        (for a `perturbation`'s snapshot, at the trial's end), and always a paused trial's where there is storage
+        (`stored`): its state is kept durably always, in memory where it fits."""
+        due = self.policy is not None and self.policy.due(step, perturbation=perturbation,
+                                                          ending=status != Status.RUNNING)
+        return step if due or (status == Status.PAUSED and stored) else None
 
     def replaced(self, previous: Checkpoint | None, checkpoint: Checkpoint, recorded: str | None = None) -> None:
         """`checkpoint` is its trial's latest now, in place of `previous`: that goes once a synced row names
@@ -73,16 +82,28 @@ class CheckpointBook:
             pass
 
     # -- failed writes ---------------------------------------------------------------------------------
-    def failed(self, checkpoint: Checkpoint) -> bool:
-        """Count a checkpoint whose write failed; whether it is among the first three (printed one by one)."""
+    def failed(self, checkpoint: Checkpoint) -> str | None:
+        """Count a checkpoint whose write failed; for the first three, the line that says so (printed one by one;
+        the run's end counts them all: `lost_summary`), else None."""
         self.lost.append(checkpoint)
-        return len(self.lost) <= 3
-
-    def lost_summary(self) -> str | None:
-        """One line on the checkpoints that could not be written (None if none): how many, and the first error."""
-        if not self.lost:
+        if len(self.lost) > 3:
             return None
+        return (f"checkpoint of trial {checkpoint.trial_id} at step {checkpoint.step} failed: "
+                f"{last_line(checkpoint.error or '')}"
+                + ("; further failures are counted at the end" if len(self.lost) == 3 else ""))
+
+    def lost_summary(self, last: Iterable[int] = ()) -> str:
+        """One line on the checkpoints that could not be written ("" if none): how many, the first error, and the
+        trials in `last` whose last checkpoint is among them."""
+        if not self.lost:
+            return ""
         first = self.lost[0]
-        return (f"{len(self.lost)} checkpoint{'s' if len(self.lost) > 1 else ''} could not be written; the first, "
-                f"of trial {first.trial_id} at step {first.step}: {last_line(first.error or 'no error given')}. "
-                "Their trials went on; a retry or resume starts from an earlier checkpoint or from scratch")
+        summary = (f"{len(self.lost)} checkpoint{'s' if len(self.lost) > 1 else ''} could not be written; the first, "
+                   f"of trial {first.trial_id} at step {first.step}: {last_line(first.error or 'no error given')}. "
+                   "Their trials went on; a retry or resume starts from an earlier checkpoint or from scratch")
+        trials = sorted(set(last))
+        if trials:
+            several = len(trials) > 1
+            summary += (f"; among them the last one of trial{'s' if several else ''} {', '.join(map(str, trials))}: "
+                        f"{'their' if several else 'its'} final state is not stored")
+        return summary

@@ -1,5 +1,5 @@
-"""What the engine prints to the console: the progress line (at most once a second) and errors cut to their last
-line."""
+"""What the engine prints to the console: the progress line (at most once a second), messages about the run, and
+errors cut to their last line."""
 
 from __future__ import annotations
 
@@ -21,22 +21,28 @@ def progress_line(name: str, counts: Mapping[str, int], best: Mapping[str, Any] 
 
 
 class ProgressPrinter:
-    """Prints a progress line to stderr at most once a second, and the final one always; on a terminal each line
-    overwrites the one before."""
+    """Prints the progress line `line()` to stderr at most once a second, and the final one always; on a terminal
+    each line overwrites the one before. With `line` None it prints nothing."""
 
-    def __init__(self) -> None:
+    def __init__(self, line: Callable[[], str] | None) -> None:
+        self.line = line
         self.last = 0.0  # `time.monotonic()` of the latest line printed
 
-    def print(self, line: Callable[[], str], final: bool = False) -> None:
-        """Print `line()` if a second has passed since the latest (or `final`)."""
+    def print(self, final: bool = False) -> None:
+        """Print the line if a second has passed since the latest (or `final`)."""
         now = time.monotonic()
-        if final or now - self.last >= 1.0:
+        if self.line is not None and (final or now - self.last >= 1.0):
             self.last = now
             end = "\n" if final or not sys.stderr.isatty() else "\r"
-            print(line(), end=end, file=sys.stderr, flush=True)
+            print(self.line(), end=end, file=sys.stderr, flush=True)
 
 
 def last_line(text: str) -> str:
     """The last non-blank line of `text` (an error's traceback: its message), stripped; `text` if it has none."""
     lines = [line for line in text.strip().splitlines() if line.strip()]
     return lines[-1].strip() if lines else text
+
+
+def say(name: str, message: str) -> None:
+    """Print a message about the experiment `name` to stderr, on a line of its own."""
+    print(f"[nasplat {name}] {message}", file=sys.stderr, flush=True)

@@ -8,11 +8,7 @@ the engine knows and decides without an executor is `nasplat.engine.state.Engine
 from __future__ import annotations
 
 import dataclasses
-import sys
-from collections import deque
 from typing import Any
-
-import numpy as np
 
 from nasplat.controllers.base import Exploit, Result, Searcher
 from nasplat.core.checks import check_int
@@ -24,7 +20,7 @@ from nasplat.engine.records import Budget, ExperimentFailed, TrialRecord
 from nasplat.engine.result import ExperimentResult
 from nasplat.engine.state import EngineState
 from nasplat.engine.step_metrics import MetricError, clean_metrics
-from nasplat.executors import step_timeout_in_force
+from nasplat.executors import reserve_members, step_timeout_in_force
 from nasplat.executors.base import Executor, StepEvent
 from nasplat.storage import ExperimentFolder
 from nasplat.storage.checkpoints import Checkpoint, CheckpointPolicy
@@ -33,7 +29,8 @@ from nasplat.trainer import Trainer
 
 class Engine(EngineState):
     """Keeps `executor.concurrency` trials running until the budget is spent and every trial has ended (or, past
-    the time budget, until its grace is over: see `_deadline`)."""
+    the time budget, until its grace is over: see `Budget.deadline`; not on a simulated clock, whose steps take no
+    wall time: `Executor.virtual_clock`)."""
 
     def __init__(self, *, controller: Searcher, executor: Executor, trainer: type[Trainer], budget: Budget,
                  name: str = "experiment", seed: int = 0, max_failures: int = 0, max_failed_trials: int | None = 10,
@@ -48,11 +45,10 @@ class Engine(EngineState):
         super().__init__(controller, budget, max_failed_trials=max_failed_trials, folder=folder,
                          deterministic=trainer.deterministic)
         self.executor, self.trainer = executor, trainer
-        self.answered: deque[StepEvent] = deque()  # steps answered from the record (`answers`), to be handled
         self.name, self.seed, self.max_failures = name, seed, max_failures
         self.policy, self.progress = checkpoint, progress
-        self.book = CheckpointBook(checkpoint, self.home)  # which checkpoints go, and when
-        self.printer = console.ProgressPrinter()  # the progress line, at most once a second
+        self.book = CheckpointBook(checkpoint, self.home)  # which checkpoints are written, which go, and when
+        self.printer = console.ProgressPrinter(self.progress_line if progress else None)  # at most once a second
         # `nasplat.engine.listener.Listener`s, or objects with some of its hooks: dashboard metrics,
         # TensorBoard, MLflow
         self.listeners: list[Any] = []
@@ -62,16 +58,10 @@ class Engine(EngineState):
         """Run to the end of the budget; raises `ExperimentFailed` once more than `max_failed_trials` failed."""
         try:
             self.executor.open(self.trainer, self.name, self.folder.checkpoints if self.folder is not None else None)
-            deadline = self._deadline()
-            needed = self.controller.min_concurrency
-            if self.executor.concurrency < needed:
-                raise ValueError(f"{type(self.controller).__name__} needs its {needed} members training side by side, "
-                                 f"got concurrency={self.executor.concurrency}; raise concurrency to >= {needed}")
-            if needed > 1:
-                self.executor.reserve(needed)
+            deadline = None if self.executor.virtual_clock else self.budget.deadline(self.now())
+            reserve_members(self.executor, self.controller.min_concurrency, type(self.controller).__name__)
             if self.progress and self.folder is not None:
-                print(f"[nasplat {self.name}] results in {self.folder.location} · live view: nasplat serve "
-                      f"{self.folder.path}", file=sys.stderr, flush=True)
+                console.say(self.name, f"results in {self.folder.location} · live view: nasplat serve {self.folder.path}")
             notify(self.listeners, "on_start", self)
             for record in self.running():
                 self._launch(record)
@@ -87,8 +77,8 @@ class Engine(EngineState):
                 if timeout is not None and timeout <= 0:
                     self._leave_running(after_deadline=True)
                     continue
-                if self.answered:
-                    events = [self.answered.popleft()]
+                if self.answers.pending:  # steps answered from the record (`answers`) come first
+                    events = [self.answers.pending.popleft()]
                 elif timeout is None:
                     events = self.executor.wait()
                 else:
@@ -103,36 +93,26 @@ class Engine(EngineState):
             raise ExperimentFailed(self.failure_summary())
         return self.result()
 
-    def _deadline(self) -> float | None:
-        """When (on `now`'s clock) the trials still running are stopped and left running in the record, for `nasplat
-        resume`: `budget.grace_s` (`step_timeout_s`, else 10% of the time budget, at least 10 s) after the time
-        budget, or after this run's start where that is later (a resume); None without a time budget or on a
-        simulated clock (`Executor.virtual_clock`: its steps take no wall time)."""
-        grace = self.budget.grace_s
-        if grace is None or self.budget.time_s is None or self.executor.virtual_clock:
-            return None
-        return max(self.budget.time_s, self.now()) + grace
-
     def _leave_running(self, *, after_deadline: bool = False) -> None:
         """Stop every running trial on the executor (a step in flight is abandoned) and leave it running in the
         record: `nasplat resume` may continue it."""
         stopped = sorted(self.active)
-        self.answered.clear()
+        self.answers.pending.clear()
         for trial_id in stopped:
             if trial_id not in self.answers.answering:
                 self.executor.stop(trial_id)
             self.active.discard(trial_id)
         if after_deadline:
-            print(f"[nasplat {self.name}] time budget of {self.budget.time_s:g} s spent and its grace of "
-                  f"{self.budget.grace_s:g} s over: stopped the trials still running {stopped}, left resumable "
-                  "(nasplat resume continues them)", file=sys.stderr, flush=True)
+            console.say(self.name, f"time budget of {self.budget.time_s:g} s spent and its grace of "
+                        f"{self.budget.grace_s:g} s over: stopped the trials still running {stopped}, left resumable "
+                        "(nasplat resume continues them)")
 
     def _close(self) -> None:
         """Flush what may go out, release the folder and the executor, tell the listeners; each part runs even if
         an earlier one fails."""
         try:
             self.outbox.forget()
-            self._print_progress(final=True)
+            self.printer.print(final=True)
         finally:
             self._report_lost_checkpoints()
             try:
@@ -182,39 +162,18 @@ class Engine(EngineState):
             self._launch(record)
 
     def _launch(self, record: TrialRecord) -> None:
-        """Start (or restart) the trial from the newest state it can reach: an in-memory state (an exploit's donor
-        state, a paused trial's own) or its latest durable checkpoint, whichever is further (memory on a tie); else
-        from scratch (or its parent's state)."""
-        state, inherit = None, False
-        memory, durable = record.restart, record.checkpoint
-        if durable is not None and (memory is None or durable.step > memory[1]):
-            state, record.step = durable, durable.step
-        elif memory is not None:
-            state, record.step = memory
-        elif record.inherit is None and self.answers.enabled and self._answer(record):
+        """Start (or restart) the trial from the newest state it can reach (`TrialRecord.start`); without one,
+        answer it from the record where a trial of an equal config completed (`answers`), else start it from
+        scratch (or its parent's state)."""
+        start, inherit = record.start(), False
+        if start is not None:
+            state, record.step = start
+        elif record.inherit is None and self.answers.enabled and self.answers.answer_next(record, self.executor.now()):
             return
         else:
             record.step = 0
             state, inherit = record.inherit, record.inherit is not None
-        trial_seed = int(np.random.SeedSequence([self.seed, record.trial_id, record.attempt]).generate_state(1)[0])
-        self.executor.launch(record.trial_id, record.config, trial_seed, state, inherit=inherit)
-
-    def _answer(self, record: TrialRecord) -> bool:
-        """Answer the trial's next step from the record (`nasplat.engine.answers`), if a completed trial of an
-        equal config can: a new trial from its first step, one already answered (then paused) from where it
-        stands. False where it must run on the executor."""
-        answering = record.trial_id in self.answers.answering
-        if self.answers.source(record.trial_id, record.config) is None:
-            return False
-        step = record.step + 1 if answering else 1
-        metrics = self.answers.metrics(record.trial_id, step)
-        if metrics is None:  # its source recorded no such step: it runs (from the start)
-            self.answers.answering.pop(record.trial_id, None)
-            return False
-        record.step = step - 1
-        now = self.executor.now()
-        self.answered.append(StepEvent(record.trial_id, metrics, None, now, now))
-        return True
+        self.executor.launch(record.trial_id, record.config, record.seed(self.seed), state, inherit=inherit)
 
     # -- results ---------------------------------------------------------------------------------
     def _handle(self, event: StepEvent) -> None:
@@ -232,7 +191,7 @@ class Engine(EngineState):
         except MetricError as exc:
             self._fail(record, event, str(exc), retry=False)
             return
-        row = self._row(record, event, Status.RUNNING, record.step + 1, metrics)
+        row = record.row(event, Status.RUNNING, record.step + 1, metrics, clock_offset=self.clock_offset)
         source = self.answers.answering.get(record.trial_id) if self.answers.enabled else None
         status, decision = self.advance(record, metrics, record.step + 1)
         exploit = decision if isinstance(decision, Exploit) and status == Status.RUNNING else None
@@ -243,10 +202,7 @@ class Engine(EngineState):
             self._record_answer(record, row, status, source, exploit is not None)
             return
         perturbation = status == Status.RUNNING and self.controller.snapshot_due(record.trial_id, record.step)
-        save = record.step if self.policy is not None and self.policy.due(
-            record.step, perturbation=perturbation, ending=status != Status.RUNNING) else None
-        if status == Status.PAUSED and self.folder is not None:
-            save = record.step  # a paused trial's state is kept durably always, in memory where it fits
+        save = self.book.save_step(record.step, status, perturbation=perturbation, stored=self.folder is not None)
         self.outbox.row(row, wait=(record.trial_id, save) if save is not None else None)
         if status == Status.PAUSED:
             self.executor.stop(record.trial_id, keep_state=True, save=save)
@@ -269,14 +225,15 @@ class Engine(EngineState):
         row["cached_from"] = source
         self.outbox.row(row)
         if status == Status.RUNNING:
-            self._answer(record)
+            self.answers.answer_next(record, self.executor.now())
         elif status != Status.PAUSED:
             self._release(record, None, hosted=False)
 
     def _fail(self, record: TrialRecord, event: StepEvent, error: str, *, retry: bool) -> None:
         self.outbox.forget(record.trial_id)  # its attempt's unfinished checkpoints will never be reported
         if retry and record.attempt < self.max_failures:
-            self.outbox.row(self._row(record, event, Status.RETRIED, record.step + 1, {}, error=error))
+            self.outbox.row(record.row(event, Status.RETRIED, record.step + 1, {}, clock_offset=self.clock_offset,
+                                       error=error))
             record.attempt += 1
             if record.restart is not None and record.checkpoint is not None \
                     and record.checkpoint.step >= record.restart[1]:
@@ -286,7 +243,8 @@ class Engine(EngineState):
             if self.best_row is not None and self.best_row["trial_id"] == record.trial_id:
                 self.recount_best(record.trial_id, record.step)  # the failed attempt's later steps count no more
             return
-        self.outbox.row(self._row(record, event, Status.FAILED, record.step + 1, {}, error=error))
+        self.outbox.row(record.row(event, Status.FAILED, record.step + 1, {}, clock_offset=self.clock_offset,
+                                   error=error))
         self.end(record, Status.FAILED, Result({}, record.step + 1, failed=True, error=error))
         self._release(record, None)
 
@@ -300,24 +258,13 @@ class Engine(EngineState):
         if parents is not None:
             self.executor.drop_states(parents | {t for t, r in self.trials.items() if r.status == Status.PAUSED})
 
-    def _row(self, record: TrialRecord, event: StepEvent, status: Status, step: int, metrics: dict[str, Any], *,
-             error: str | None = None) -> dict[str, Any]:
-        row: dict[str, Any] = {
-            "trial_id": record.trial_id, "step": step, "attempt": record.attempt, "status": status,
-            "config": record.config, "parent_id": record.parent_id, "donor_id": None,
-            "start": self.clock_offset + event.start, "end": self.clock_offset + event.end,
-            "node": event.node, "pid": event.pid, "error": error,
-        }
-        row.update(metrics)
-        return row
-
     # -- recording and checkpoints -------------------------------------------------------------------
     def _recorded(self, row: dict[str, Any]) -> None:
         """A row went out: its checkpoint's predecessor may go once synced; note the best, tell the listeners."""
         self.book.recorded(row)
         super()._recorded(row)
         notify(self.listeners, "on_row", self, row)
-        self._print_progress()
+        self.printer.print()
 
     def _saved(self, checkpoint: Checkpoint) -> None:
         """A requested checkpoint is durable (or failed): its row may go out, naming it relative to the experiment
@@ -329,11 +276,8 @@ class Engine(EngineState):
             else None
         self.outbox.saved((checkpoint.trial_id, checkpoint.step), recorded, failure)
         if checkpoint.uri is None:
-            if not superseded and self.book.failed(checkpoint):
-                print(f"[nasplat {self.name}] checkpoint of trial {checkpoint.trial_id} at step {checkpoint.step} "
-                      f"failed: {console.last_line(checkpoint.error or '')}"
-                      + ("; further failures are counted at the end" if len(self.book.lost) == 3 else ""),
-                      file=sys.stderr, flush=True)
+            if not superseded and (line := self.book.failed(checkpoint)) is not None:
+                console.say(self.name, line)
             return
         record = self.trials.get(checkpoint.trial_id)
         if record is None:
@@ -345,21 +289,12 @@ class Engine(EngineState):
 
     def _report_lost_checkpoints(self) -> None:
         """At the run's end, one line on stderr if checkpoints could not be written: how many, the first error."""
-        summary = self.book.lost_summary()
-        if summary is not None:
-            last = sorted({trial_id for trial_id, _, _ in self.result().lost_checkpoints()})
-            if last:
-                several = len(last) > 1
-                summary += (f"; among them the last one of trial{'s' if several else ''} {', '.join(map(str, last))}: "
-                            f"{'their' if several else 'its'} final state is not stored")
-            print(f"[nasplat {self.name}] {summary}", file=sys.stderr, flush=True)
+        if self.book.lost:
+            last = (trial_id for trial_id, _, _ in self.result().lost_checkpoints())
+            console.say(self.name, self.book.lost_summary(last))
 
     # -- console ---------------------------------------------------------------------------------
     def progress_line(self) -> str:
         """The console line: trials done, running, paused and failed, the best so far, the clock."""
         return console.progress_line(self.name, self.status_counts(), self.best_row, self.controller.metric,
                                      self.now())
-
-    def _print_progress(self, final: bool = False) -> None:
-        if self.progress:
-            self.printer.print(self.progress_line, final)

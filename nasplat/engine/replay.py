@@ -11,12 +11,12 @@ and calls the engine's own methods (`nasplat.engine.state.EngineState`): the eng
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
 from typing import Any
 
 from nasplat.controllers.base import Exploit, Result
 from nasplat.core.rows import RESERVED, Status
+from nasplat.engine.console import say
 from nasplat.engine.loop import Engine
 from nasplat.storage.checkpoints import Checkpoint
 
@@ -29,8 +29,8 @@ def resume_engine(engine: Engine, rows: list[dict[str, Any]], journal: list[dict
         if missing:
             then = f"goes back to its checkpoint at step {checkpoint.step}" if checkpoint else "starts over"
             earlier = f" (and {len(missing) - 1} earlier ones)" if len(missing) > 1 else ""
-            print(f"[nasplat {engine.name}] resume: trial {trial_id}'s checkpoint {missing[-1]} is missing or "
-                  f"incomplete{earlier}: it {then}", file=sys.stderr, flush=True)
+            say(engine.name, f"resume: trial {trial_id}'s checkpoint {missing[-1]} is missing or incomplete{earlier}: "
+                f"it {then}")
     mismatches = _replay(engine, rows, journal)
     engine.recount_best()  # without the rows a retry went back over
     engine.rewind_running({trial_id: checkpoint for trial_id, (checkpoint, _) in found.items()})
@@ -108,7 +108,7 @@ def _replay(engine: Engine, rows: list[dict[str, Any]], journal: list[dict[str, 
         if index < len(rows):
             mismatches += _apply(engine, rows[index], index)
     if mismatches:
-        print(f"[nasplat {engine.name}] replay: {mismatches} decisions differ from the record", file=sys.stderr)
+        say(engine.name, f"replay: {mismatches} decisions differ from the record")
     return mismatches
 
 

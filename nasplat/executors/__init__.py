@@ -57,4 +57,14 @@ def step_timeout_in_force(executor: Executor, step_timeout_s: float | None) -> f
     return executor.step_timeout_s
 
 
-__all__ = ["DEFAULT_EXECUTOR", "EXECUTORS", "check_step_timeout", "step_timeout_in_force"]
+def reserve_members(executor: Executor, members: int, search: str) -> None:
+    """Start the slots of the `members` trials the search `search` trains side by side (`Executor.reserve`, where
+    there are several); refuse, in one line, an executor with fewer slots (`concurrency`)."""
+    if executor.concurrency < members:
+        raise ValueError(f"{search} needs its {members} members training side by side, "
+                         f"got concurrency={executor.concurrency}; raise concurrency to >= {members}")
+    if members > 1:
+        executor.reserve(members)
+
+
+__all__ = ["DEFAULT_EXECUTOR", "EXECUTORS", "check_step_timeout", "reserve_members", "step_timeout_in_force"]

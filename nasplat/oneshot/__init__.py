@@ -3,7 +3,8 @@
 - `layers`: `ChoiceLayer` (a layer's operation is a decision), `ChoiceInput` (an edge's input is one);
 - `supernet`: `Supernet` (`space()`, `select(config)`, `extract(config)`, `mix(weights)`) and the same as functions;
 - `sampling`: which path each batch trains: `UniformSampler` (SPOS), `FairSampler` (FairNAS), seeded by step;
-- `training`: `evaluate_path` (inherited weights, recalibrated batch norm), `train_epoch`, `SupernetTrainer`;
+- `evaluation`: `evaluate_path` (inherited weights, recalibrated batch norm), `measure`, `recalibrate_bn`;
+- `training`: `train_epoch`, `OneShotTrainer` (what the one-shot trials share), `SupernetTrainer`;
 - `darts`: gradient-based search (DARTS first order, GDAS) and `DartsTrainer`;
 - `proxies`: zero-cost scores of an untrained network (synflow, grad_norm, NASWOT, Jacobian covariance);
 - `search`: searches over one trained supernet: `SharedWeights` (published once), `PathTrainer`, `ProxyTrainer`,
@@ -14,6 +15,7 @@ Every name below is importable from `nasplat.oneshot`; the trainers need a data 
 """
 
 from nasplat.oneshot.darts import METHODS, ArchitectureWeights, DartsTrainer, alpha_table, tau_at
+from nasplat.oneshot.evaluation import evaluate_path, measure, recalibrate_bn
 from nasplat.oneshot.layers import ChoiceInput, ChoiceLayer, Decision, Pick
 from nasplat.oneshot.proxies import PROXIES, grad_norm, jacob_cov, naswot, score, synflow
 from nasplat.oneshot.sampling import SAMPLERS, FairSampler, PathSampler, UniformSampler, make_sampler
@@ -30,14 +32,7 @@ from nasplat.oneshot.supernet import (
     space_of,
     unused_parameters,
 )
-from nasplat.oneshot.training import (
-    OneShotTrainer,
-    SupernetTrainer,
-    evaluate_path,
-    measure,
-    recalibrate_bn,
-    train_epoch,
-)
+from nasplat.oneshot.training import OneShotTrainer, SupernetTrainer, train_epoch
 
 __all__ = [
     "METHODS", "PROXIES", "SAMPLERS", "ArchitectureWeights", "ChoiceInput", "ChoiceLayer", "DartsTrainer", "Decision",

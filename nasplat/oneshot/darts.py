@@ -22,9 +22,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from nasplat.core.checks import check_choice, check_int, check_real
+from nasplat.oneshot.evaluation import evaluate_path
 from nasplat.oneshot.sampling import rng_for
 from nasplat.oneshot.supernet import drop_unused_grads, keyed, mix
-from nasplat.oneshot.training import OneShotTrainer, evaluate_path, shared_seed
+from nasplat.oneshot.training import OneShotTrainer, shared_seed
 from nasplat.space import Config
 from nasplat.trainer import WorkerContext
 

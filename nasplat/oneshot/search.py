@@ -23,6 +23,7 @@ from typing import Any, ClassVar
 import torch
 
 from nasplat.core.checks import check_bool, check_int
+from nasplat.oneshot.evaluation import evaluate_path
 from nasplat.oneshot.proxies import PROXIES, score
 from nasplat.oneshot.reference import (
     REFERENCE_KEYS,
@@ -33,7 +34,7 @@ from nasplat.oneshot.reference import (
 )
 from nasplat.oneshot.shared import SharedWeights, _from_ref  # noqa: F401 - _from_ref: pickles made before the move
 from nasplat.oneshot.supernet import Supernet, check_same_decisions
-from nasplat.oneshot.training import OneShotTrainer, evaluate_path
+from nasplat.oneshot.training import OneShotTrainer
 from nasplat.space import Config, Space
 from nasplat.trainer import WorkerContext, start
 

@@ -17,8 +17,9 @@ import math
 from typing import Any
 
 from nasplat.core.checks import is_int, is_real
+from nasplat.space.choice import Choice
 from nasplat.space.domains import Float, Int
-from nasplat.space.space import Choice, Space
+from nasplat.space.space import Space
 
 SPACE_DATA = "$space"
 """The key of a space stored as data where a space is expected (an experiment's `space`): `{"$space": {...}}`."""

@@ -1,6 +1,6 @@
 """The leaf domains of a search space: the `Domain` contract, `Int` and `Float`, and shared helpers.
 
-`Choice`, which may hold sub-spaces, lives in `nasplat.space` beside `Space`.
+`Choice`, which may hold sub-spaces, lives in `nasplat.space.choice`.
 """
 
 from __future__ import annotations
@@ -18,6 +18,17 @@ from nasplat.core.checks import is_int, is_real
 
 class Domain(ABC):
     """One decision of a search space."""
+
+    @property
+    def changeable(self) -> bool:
+        """Whether a value other than any given one exists (a mutation can change it): True unless the domain has
+        a single value."""
+        return True
+
+    @property
+    def constrained(self) -> bool:
+        """Whether a sub-space of the domain has rules (`Space.forbidden`): False unless it holds sub-spaces."""
+        return False
 
     @abstractmethod
     def sample(self, rng: np.random.Generator) -> Any:
@@ -79,6 +90,10 @@ class Int(Domain):
 
     def __repr__(self) -> str:
         return f"Int({self.low}, {self.high}, log={self.log})"
+
+    @property
+    def changeable(self) -> bool:
+        return self.low < self.high
 
     def _bin_starts(self, bins: int) -> list[int]:
         if self.high - self.low + 1 <= bins:

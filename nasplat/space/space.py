@@ -1,7 +1,7 @@
 """Search spaces: dicts of named domains, nested and conditional, and the operations searches need.
 
-A space is a dict of named domains. A value that is a dict is a fixed sub-space; a `Choice` whose
-options are dicts is a conditional branch: the sub-domains of the chosen option exist only in it.
+A space is a dict of named domains. A value that is a dict is a fixed sub-space; a `Choice` (`nasplat.space.choice`)
+whose options are dicts is a conditional branch: the sub-domains of the chosen option exist only in it.
 A space may name rules that forbid configurations (`forbidden={"rule": predicate}`): `sample`, `mutate`
 and `perturb` never return a forbidden config, and `validate` names the rule it breaks.
 Every random operation takes an explicit `numpy.random.Generator`.
@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from nasplat.core.checks import check_real
-from nasplat.space.domains import Domain, Float, Int, check_token, config_key, copy_config, random_index, same_value
+from nasplat.space.domains import Domain, Float, Int, config_key, copy_config, random_index, same_value
 from nasplat.space.walk import DOMAIN_KINDS, walk
 
 Config = dict[str, Any]
@@ -26,129 +26,11 @@ Rule = Callable[[Config], bool]  # True: the config is forbidden
 MAX_ATTEMPTS = 1000
 """Draws `sample`, `mutate` and `perturb` make before they give up on finding an allowed config."""
 
-__all__ = ["MAX_ATTEMPTS", "Choice", "Config", "Domain", "Float", "ForbiddenConfigError", "Int", "Rule", "Space"]
+__all__ = ["MAX_ATTEMPTS", "Config", "Domain", "Float", "ForbiddenConfigError", "Int", "Rule", "Space"]
 
 
 class ForbiddenConfigError(ValueError):
     """A space's rules rejected every one of `MAX_ATTEMPTS` draws."""
-
-
-class Choice(Domain):
-    """One of `options`; options that are dicts are sub-spaces (conditional parameters)."""
-
-    node_kind = "choice"  # to `walk`
-
-    def __init__(self, options: list[Any]) -> None:
-        if not isinstance(options, (list, tuple)) or len(options) == 0:
-            raise ValueError(f"Choice needs a non-empty list of options, got {options!r}")
-        self.options = [Space(o) if isinstance(o, Mapping) else o for o in options]
-        # Whether some option differs from the first (duplicates are allowed, e.g. to weight a value).
-        self.changeable = any(isinstance(o, Space) or not same_value(o, self.options[0]) for o in self.options[1:])
-        self._lookup: dict[Any, int] = {}  # hashable option -> its first index: a fast path for `index`
-        for i, option in enumerate(self.options):
-            try:
-                self._lookup.setdefault(option, i)
-            except TypeError:
-                pass
-        # All options hashable and pairwise unequal (1 and True, or 1 and 1.0, hash alike and count as equal).
-        self._distinct = len(self._lookup) == len(self.options) > 1 and not self.branches
-
-    def __repr__(self) -> str:
-        return f"Choice({self.options!r})"
-
-    @property
-    def branches(self) -> bool:
-        """Whether an option is a sub-space (a conditional decision)."""
-        return any(isinstance(o, Space) for o in self.options)
-
-    def sample(self, rng: np.random.Generator) -> Any:
-        return self._materialise(random_index(rng, len(self.options)), rng)
-
-    def _materialise(self, index: int, rng: np.random.Generator | None) -> Any:
-        option = self.options[index]
-        if isinstance(option, Space):
-            return option.sample(rng) if rng is not None else option.default()
-        return copy_config(option)  # a list option must not be shared between configs and the space
-
-    def index(self, path: str, value: Any) -> int:
-        try:
-            i = None if type(value) is dict else self._lookup.get(value)  # a dict is unhashable: no exception raised
-        except TypeError:
-            i = None
-        if i is not None and same_value(self.options[i], value):
-            return i
-        for i, option in enumerate(self.options):
-            if isinstance(option, Space):
-                if isinstance(value, Mapping) and option.fits(value):
-                    return i
-            elif not isinstance(value, Mapping) and same_value(option, value):
-                return i
-        raise ValueError(f"{path!r}: {value!r} is not one of the allowed options {self.options!r}")
-
-    def check(self, path: str, value: Any) -> None:
-        try:
-            self.index(path, value)
-        except ValueError:
-            closest = self._closest(value)
-            if closest is not None:  # name the nested key at fault rather than the whole dict
-                closest.validate(value, prefix=path + ".")
-            raise
-
-    def _closest(self, value: Any) -> Space | None:
-        """The one dict option `value` was evidently meant for (its constants match, then its keys), if any."""
-        if not isinstance(value, Mapping):
-            return None
-        candidates = [o for o in self.options if isinstance(o, Space) and all(
-            k in value and same_value(c, value[k]) for k, c in o.domains.items() if not isinstance(c, (Domain, Space)))]
-        if len(candidates) > 1:
-            candidates = [o for o in candidates if set(o.domains) == set(value)]
-        return candidates[0] if len(candidates) == 1 else None
-
-    def neighbours(self, value: Any, rng: np.random.Generator) -> list[Any]:
-        """Every other option (a dict option with a fresh sample of its sub-space), duplicates once."""
-        current = self.index("", value)
-        out: list[Any] = []
-        for i, option in enumerate(self.options):
-            if i == current or (not isinstance(option, Space) and (
-                    same_value(option, value) or any(same_value(option, o) for o in out))):
-                continue
-            out.append(self._materialise(i, rng))
-        return out
-
-    def resample_other(self, value: Any, rng: np.random.Generator) -> Any:
-        current = self.index("", value)
-        if self._distinct:  # the common case: any option but the current one
-            other = random_index(rng, len(self.options) - 1)
-            return self._materialise(other + (other >= current), rng)
-        others = [i for i, o in enumerate(self.options)
-                  if i != current and (isinstance(o, Space) or not same_value(o, value))]
-        new = value
-        for _ in range(16):  # a dict option may overlap the current one; draw until the value differs
-            if not others:
-                break
-            new = self._materialise(others[random_index(rng, len(others))], rng)
-            if not isinstance(new, Mapping) or new != value:
-                break
-        return new
-
-    def nudge(self, value: Any, rng: np.random.Generator) -> Any:
-        current = self.index("", value)
-        step = 1 if rng.random() < 0.5 else -1
-        target = min(max(current + step, 0), len(self.options) - 1)
-        if target == current:
-            target = min(max(current - step, 0), len(self.options) - 1)
-        return value if target == current else self._materialise(target, rng)
-
-    @property
-    def cardinality(self) -> int:
-        return len(self.options)
-
-    def encode(self, value: Any) -> int:
-        return self.index("", value)
-
-    def decode(self, token: int, rng: np.random.Generator | None = None) -> Any:
-        return self._materialise(check_token(token, len(self.options)), rng)
-
 
 
 class Space:
@@ -177,7 +59,8 @@ class Space:
             if not isinstance(key, str):
                 raise TypeError(f"space keys must be strings, got {key!r}")
             self.domains[key] = Space(value) if isinstance(value, Mapping) else value
-        self.constrained = bool(rules) or any(_constrained(d) for d in self.domains.values())
+        self.constrained: bool = bool(rules) or any(isinstance(d, (Domain, Space)) and d.constrained
+                                                    for d in self.domains.values())
 
     def __repr__(self) -> str:
         rules = f", forbidden={sorted(self.forbidden)!r}" if self.forbidden else ""
@@ -296,7 +179,7 @@ class Space:
 
     def _mutate(self, config: Config, rng: np.random.Generator) -> Config:
         child = copy_config(config)
-        options = [node for node in walk(self, child) if node.decides and _changeable(node.domain)]
+        options = [node for node in walk(self, child) if node.decides and node.domain.changeable]
         if options:
             node = options[random_index(rng, len(options))]
             node.config[node.key] = node.domain.resample_other(node.value, rng)
@@ -378,19 +261,3 @@ def _sample(domain: Any, rng: np.random.Generator) -> Any:
     if isinstance(domain, (Domain, Space)):
         return domain.sample(rng)
     return copy_config(domain)
-
-
-def _constrained(domain: Any) -> bool:
-    if isinstance(domain, Space):
-        return domain.constrained
-    return isinstance(domain, Choice) and any(isinstance(o, Space) and o.constrained for o in domain.options)
-
-
-def _changeable(domain: Domain) -> bool:
-    if isinstance(domain, Choice):
-        return domain.changeable
-    if isinstance(domain, Int):
-        return domain.low < domain.high
-    return True
-
-
