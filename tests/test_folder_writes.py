@@ -149,6 +149,19 @@ def test_rows_or_journal_that_are_symbolic_links_are_refused_and_their_target_un
     assert victim.read_text() == before
 
 
+@pytest.mark.parametrize("executor", ["local", "processes"])
+def test_a_replaced_checkpoint_is_deleted_once_a_synced_row_names_its_successor(tmp_path, executor):
+    """A checkpoint every step of 6: each trial keeps only its last (the older ones went as the rows naming their
+    successors synced), and that one is the checkpoint its last row names and loads back."""
+    result = nasplat.run(trainer=Steps, space=SPACE, metric="score", max_trials=2, max_steps=6, seed=0,
+                         storage=tmp_path / "store", name="exp", checkpoint={"every": 1}, executor=executor)
+    folder = tmp_path / "store" / "exp"
+    on_disk = {str(p.parent.relative_to(folder)) for p in (folder / "checkpoints").rglob("state.pt")}
+    named = {r["trial_id"]: r.get("checkpoint") for r in result.rows if r["step"] == 6}
+    assert on_disk == set(named.values()) == {"checkpoints/trial-0/step-6", "checkpoints/trial-1/step-6"}
+    assert result.load_state(0)["t"] == 6
+
+
 # -- 3. export: atomic, never into an experiment folder, never over a file unasked, ENOSPC named ----------------
 
 def test_export_refuses_the_experiments_own_folder_and_its_rows_stay(tmp_path, capsys):

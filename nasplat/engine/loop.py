@@ -274,17 +274,16 @@ class Engine(EngineState):
         superseded = (checkpoint.error or "").startswith("superseded")  # a newer one of the trial took its turn
         failure = console.last_line(checkpoint.error or "no error given") if recorded is None and not superseded \
             else None
+        record = self.trials.get(checkpoint.trial_id) if checkpoint.uri is not None else None
+        if record is not None:  # before its row goes out: the older one goes once a synced row names this one
+            previous, record.checkpoint = record.checkpoint, checkpoint
+            self.book.replaced(previous, checkpoint, recorded)
         self.outbox.saved((checkpoint.trial_id, checkpoint.step), recorded, failure)
         if checkpoint.uri is None:
             if not superseded and (line := self.book.failed(checkpoint)) is not None:
                 console.say(self.name, line)
             return
-        record = self.trials.get(checkpoint.trial_id)
-        if record is None:
-            return
-        previous, record.checkpoint = record.checkpoint, checkpoint
-        self.book.replaced(previous, checkpoint, recorded)  # deleted once a synced row names its successor
-        if self.policy is not None and record.status in (Status.COMPLETED, Status.STOPPED):
+        if record is not None and self.policy is not None and record.status in (Status.COMPLETED, Status.STOPPED):
             self.book.prune(self.trials, self.controller.metric, self.controller.mode)
 
     def _report_lost_checkpoints(self) -> None:
