@@ -12,7 +12,8 @@ actor a trial:
                    search or evolution, type stop or promote (`--trials` new trials each)
   hyperband        nasplat asynchronous Hyperband around random search, type promote
   asha-mobster-*   nasplat ASHA around its model-based multi-fidelity controller (`mobster`: a Gaussian process over
-                   config x epochs learned from every rung, expected improvement at max_steps), stop or promote
+                   config x epochs learned from every rung, expected improvement at the highest epoch observed
+                   3 times), stop or promote
   tune-asha        Ray Tune's ASHAScheduler, same rule parameters, same configs as asha-random-*, same trainer
                    and trial seeds
   tune-bohb        Ray Tune's BOHB (`TuneBOHB` + `HyperBandForBOHB`, reduction factor 3, max_t max_steps), the same

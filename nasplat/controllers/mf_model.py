@@ -54,7 +54,7 @@ class ModelBasedMultiFidelity(Controller):
 
     def __init__(self, space: Space | Mapping[str, Any], *, initial_samples: int = 10, max_steps: int | None = None,
                  max_points: int = 128, refit_every: int = 10, pool_size: int = 500, num_parents: int = 3,
-                 mutations: int = 20, random_fraction: float = 0.0, min_at_target: int = 1,
+                 mutations: int = 20, random_fraction: float = 0.0, min_at_target: int = 3,
                  initial_configs: Sequence[Config] = (), **kwargs: Any) -> None:
         super().__init__(space, **kwargs)
         for config in initial_configs:
