@@ -143,6 +143,32 @@ def test_bad_options_are_one_line():
     assert "\n" not in str(info.value)
     with pytest.raises(ValueError, match="random_fraction"):
         ModelBasedMultiFidelity({"x": nasplat.Float(0, 1)}, metric="s", random_fraction=1.5)
+    with pytest.raises(ValueError, match="min_distance"):
+        ModelBasedMultiFidelity({"x": nasplat.Float(0, 1)}, metric="s", min_distance=-0.1)
+
+
+def test_model_proposals_keep_min_distance_from_every_earlier_proposal(toy):
+    """Through ASHA's rungs by hand, 40 trials: every proposal of the model (after the 6 random ones) lies further
+    than `min_distance` from each config proposed before it, in the encoding; with `min_distance=0` the model
+    proposes near copies of its incumbent on this toy (its best region is small)."""
+    nearest = {}
+    for min_distance in (0.08, 0.0):
+        controller = ModelBasedMultiFidelity(toy.SPACE, metric="score", seed=2, initial_samples=6, pool_size=100,
+                                             min_distance=min_distance)
+        distances = []
+        for _ in range(40):
+            spec = controller.ask()
+            encoded = controller.encoder.encode(spec.config).astype(float)
+            earlier = [e for t, e in controller.encodings.items() if t != spec.trial_id]
+            if spec.trial_id >= 6:
+                distances.append(min(float(np.linalg.norm(encoded - e)) for e in earlier))
+            for step in (1, 3, 9):
+                value = toy.final(spec.config) - (0.2 + 0.8 * spec.config["x"]) / (1 + step)
+                controller.on_rung(spec.trial_id, Result({"score": value}, step=step))
+            controller.tell(spec.trial_id, Result({"score": value}, step=9))
+        nearest[min_distance] = min(distances)
+    assert nearest[0.08] > 0.08
+    assert nearest[0.0] < 0.08, nearest
 
 
 # -- every executor, the YAML and Python forms ----------------------------------------------------------------

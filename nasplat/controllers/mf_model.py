@@ -42,7 +42,8 @@ class ModelBasedMultiFidelity(Controller):
     3. gathers candidates: a pool of `pool_size` random configs (drawn once, topped up as they are proposed),
        every neighbour (`Space.neighbours`) of the
        `num_parents` configs with the best predicted score and `mutations` mutations of them, leaving out every
-       config proposed before;
+       config within `min_distance` (default 0: none; Euclidean, in the encoding: each number in [0, 1], each
+       choice one-hot) of one proposed before: a near copy of the incumbent adds a trial and little knowledge;
     4. proposes the candidate with the highest expected improvement at the target fidelity over the best
        predicted score of an observed config there. The target fidelity is the highest step observed at least
        `min_at_target` times (the lowest observed while none is), at most `max_steps`: as BOHB's model, judged
@@ -55,7 +56,7 @@ class ModelBasedMultiFidelity(Controller):
     def __init__(self, space: Space | Mapping[str, Any], *, initial_samples: int = 10, max_steps: int | None = None,
                  max_points: int = 128, refit_every: int = 10, pool_size: int = 500, num_parents: int = 3,
                  mutations: int = 20, random_fraction: float = 0.0, min_at_target: int = 3,
-                 initial_configs: Sequence[Config] = (), **kwargs: Any) -> None:
+                 min_distance: float = 0.0, initial_configs: Sequence[Config] = (), **kwargs: Any) -> None:
         super().__init__(space, **kwargs)
         for config in initial_configs:
             self.space.validate(config)
@@ -67,6 +68,7 @@ class ModelBasedMultiFidelity(Controller):
             check_int(name, value, minimum=low)
         check_int("max_steps", max_steps, minimum=1, optional=True)
         check_real("random_fraction", random_fraction, minimum=0, maximum=1)
+        self.min_distance = check_real("min_distance", min_distance, minimum=0)
         self.initial_samples, self.max_steps, self.max_points = initial_samples, max_steps, max_points
         self.refit_every, self.pool_size, self.num_parents = refit_every, pool_size, num_parents
         self.mutations, self.random_fraction = mutations, float(random_fraction)
@@ -177,7 +179,12 @@ class ModelBasedMultiFidelity(Controller):
                 chosen[key] = index
         picked = [local[i] for i in chosen.values()]
         encoded = np.vstack([self.encoder.encode_many(picked), rows]) if picked else rows
-        return picked + configs, encoded
+        candidates = picked + configs
+        if self.min_distance > 0 and self.encodings and len(candidates):
+            proposed = np.vstack(list(self.encodings.values()))
+            far = _min_distances(encoded.astype(float), proposed) > self.min_distance
+            candidates, encoded = [c for c, keep in zip(candidates, far) if keep], encoded[far]
+        return candidates, encoded
 
     def _top_up_pool(self) -> tuple[set[Any], list[Config], np.ndarray]:
         self.pool = refill_pool(self.pool, self.seen, self.pool_size, self.encoder, self.rng)
@@ -234,6 +241,12 @@ class ModelBasedMultiFidelity(Controller):
         self.encodings[spec.trial_id] = self.encoder.encode(config).astype(float)
         self.pending.add(spec.trial_id)
         return spec
+
+
+def _min_distances(points: np.ndarray, others: np.ndarray) -> np.ndarray:
+    """Each point's Euclidean distance to the nearest of `others`."""
+    squared = (points * points).sum(axis=1)[:, None] - 2 * points @ others.T + (others * others).sum(axis=1)[None, :]
+    return np.sqrt(np.maximum(squared.min(axis=1), 0.0))
 
 
 def _at(encoded: np.ndarray, step: int) -> np.ndarray:
