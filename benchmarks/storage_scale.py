@@ -88,7 +88,7 @@ def main() -> None:
             folder = ExperimentFolder(Path(tmp) / "scale")
             rows, journal = folder.open_existing()
             began = time.perf_counter()
-            fresh = _engine(_build(read_spec(folder.path)), folder, progress=False)
+            fresh = _engine(_build(read_spec(folder.path, allow_pickle=True)), folder, progress=False)  # its own folder
             line = resume_engine(fresh, rows, journal)
             replay_s = time.perf_counter() - began
             folder.close()
