@@ -46,7 +46,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from multifidelity_bohb import run_tune_bohb
+from multifidelity_bohb import run_tune_bohb, tune_rows
 
 import nasplat
 from nasplat.controllers import RandomSearch
@@ -134,10 +134,7 @@ def run_tune(seed: int, args: argparse.Namespace, storage: str) -> dict[str, Any
                        run_config=tune.RunConfig(name=f"tune-asha-{seed}", storage_path=storage, verbose=0))
     grid = tuner.fit()
     wall = time.perf_counter() - began
-    rows = sorted((row for result in grid if result.metrics_dataframe is not None
-                   for row in result.metrics_dataframe[["valid_acc", "test_acc", "wall"]].to_dict("records")),
-                  key=lambda row: row["wall"])
-    return {**curve(rows), "wall": wall, "trials": len(grid)}
+    return {**curve(tune_rows(grid)), "wall": wall, "trials": len(grid)}
 
 
 ALL_METHODS = ["full", "asha-random-stop", "asha-random-promote", "asha-evolution-stop", "asha-evolution-promote",

@@ -114,7 +114,12 @@ def run_tune_bohb(seed: int, args: argparse.Namespace, storage: str) -> dict[str
                        run_config=tune.RunConfig(name=f"tune-bohb-{seed}", storage_path=storage, verbose=0))
     grid = tuner.fit()
     wall = time.perf_counter() - began
-    rows = sorted((row for result in grid if result.metrics_dataframe is not None
+    return {"rows": tune_rows(grid), "wall": wall, "trials": len(grid)}
+
+
+def tune_rows(grid: Any) -> list[dict[str, Any]]:
+    """Every report of a Tune `ResultGrid` (validation and test accuracy, the wall clock it was made at), in the
+    order they were made."""
+    return sorted((row for result in grid if result.metrics_dataframe is not None
                    for row in result.metrics_dataframe[["valid_acc", "test_acc", "wall"]].to_dict("records")),
                   key=lambda row: row["wall"])
-    return {"rows": rows, "wall": wall, "trials": len(grid)}

@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import heapq
 import json
+import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
@@ -230,8 +231,6 @@ NEEDS = {"dehb": "dehb", "smac_mf": "smac", "synetune_bohb": "syne_tune", "optun
 def warm_start_reach(seed: int, budget_s: float, extra: dict[str, Any] | None = None) -> tuple[float, int]:
     """A first `mobster` search over the budget; a second (seed + 1000) warm-started from its folder: the share of
     the second's trials up to the first that matched the first's best validation accuracy, and its trial count."""
-    import tempfile
-
     controller, options, scheduler = NASPLAT[MODEL_BASED]
     common: dict[str, Any] = {"trainer": LCTable, "space": space, "metric": "valid_acc", "controller": controller,
                               "controller_options": {**options, **(extra or {})}, "scheduler": scheduler,

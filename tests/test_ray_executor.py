@@ -327,9 +327,7 @@ def test_parked_actors_are_released_after_park_s(ray_session):
     nasplat.run(trainer=Pid, space={"x": Float(0.0, 1.0)}, metric="score", executor=RayExecutor(2, park_s=3),
                 max_trials=2, name="park-timer")
     assert park.parked_count() == 2  # for 3 s from the run's end
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and park.parked_count():
-        time.sleep(0.05)
+    assert park.wait_for_release(timeout=60)  # the release timer ran
     assert park.parked_count() == 0 and every_cpu_freed()
 
 

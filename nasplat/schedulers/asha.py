@@ -113,13 +113,12 @@ class ASHA(Scheduler):
         for k in reversed(range(len(rungs))):  # the highest rung reached and not recorded yet
             if result.step < rungs[k] or trial_id in recorded[k]:
                 continue
-            if trial_id in self.unjudged:  # trained to the end: seen at its rungs, never recorded, paused or stopped
-                if self.reached.get(trial_id, -1) < k:
-                    self.reached[trial_id] = k
-                    self.reach(trial_id, result)
-                return CONTINUE
+            if trial_id in self.unjudged and self.reached.get(trial_id, -1) >= k:
+                return CONTINUE  # past a rung already handed on, below the next
             self.reached[trial_id] = k
             self.reach(trial_id, result)
+            if trial_id in self.unjudged:  # trained to the end: seen at its rungs, never recorded, paused or stopped
+                return CONTINUE
             if self.type == "stop" and self.pareto:
                 recorded[k][trial_id] = score
                 kept = math.ceil(len(recorded[k]) / self.reduction_factor)

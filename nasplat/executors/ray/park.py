@@ -71,6 +71,17 @@ def release_parked() -> None:
     _kill(gone)
 
 
+def wait_for_release(timeout: float | None = None) -> bool:
+    """Wait until the release due `park_s` after the last park has run (at most `timeout` seconds); whether it has
+    (True also where none is due)."""
+    with _lock:
+        timer = _timer
+    if timer is None:
+        return True
+    timer.join(timeout)
+    return not timer.is_alive()
+
+
 def parked_count() -> int:
     """How many gangs are parked."""
     with _lock:
