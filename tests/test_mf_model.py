@@ -171,6 +171,35 @@ def test_model_proposals_keep_min_distance_from_every_earlier_proposal(toy):
     assert nearest[0.0] < 0.08, nearest
 
 
+def test_in_a_finite_space_every_config_comes_once_then_the_best_predicted_is_trained_to_the_end():
+    """A 12-config space through rungs 1 and 3 by hand, only the configs with b="x" trained on to step 3: the 12
+    first proposals are the 12 configs (a small space's random pool repeats configs; none is proposed twice).
+    Then each ask revisits, `train_to_end`, a config no trial took to step 3, once each, first one with the a
+    that is best at step 3 (and worst at step 1); a revisited config still running is not proposed again."""
+    space = {"a": nasplat.Choice([0, 1, 2, 3]), "b": nasplat.Choice(["x", "y", "z"])}
+
+    def value(config, step):
+        return config["a"] * (-0.1 if step == 1 else 1.0) + {"x": 0.0, "y": 0.5, "z": 0.2}[config["b"]]
+
+    controller = ModelBasedMultiFidelity(space, metric="score", seed=0, initial_samples=4, pool_size=50)
+    first = []
+    for _ in range(12):
+        spec = controller.ask()
+        assert not spec.train_to_end
+        first.append((spec.config["a"], spec.config["b"]))
+        steps = (1, 3) if spec.config["b"] == "x" else (1,)
+        for step in steps:
+            controller.on_rung(spec.trial_id, Result({"score": value(spec.config, step)}, step))
+        controller.tell(spec.trial_id, Result({"score": value(spec.config, steps[-1])}, steps[-1]))
+    assert sorted(first) == sorted((a, b) for a in range(4) for b in "xyz")
+    revisits = [controller.ask() for _ in range(9)]  # none told: each stays running
+    assert all(spec.train_to_end for spec in revisits[:8])
+    again = [(spec.config["a"], spec.config["b"]) for spec in revisits[:8]]
+    assert sorted(again) == sorted((a, b) for a in range(4) for b in "yz")  # every config behind, once
+    assert again[0][0] == 3, again
+    assert not revisits[8].train_to_end  # none left behind: a random config
+
+
 # -- every executor, the YAML and Python forms ----------------------------------------------------------------
 def _check_run(result, trials):
     steps = {}

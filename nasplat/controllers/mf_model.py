@@ -49,6 +49,10 @@ class ModelBasedMultiFidelity(Controller):
        `min_at_target` times (the lowest observed while none is), at most `max_steps`: as BOHB's model, judged
        where the data are rather than extrapolated to a fidelity few trials reached.
 
+    Once every config of a finite space was proposed, it proposes again (`revisit`, `train_to_end`) the config
+    with the best predicted score among those no trial trained as far as the furthest, each once: a config the
+    rungs stopped early may still be the best at the end.
+
     `warm_start` proposes an earlier experiment's incumbents again first, `train_to_end` (a scheduler runs them to
     the end: the earlier run judged them at its rungs already).
     """
@@ -81,6 +85,7 @@ class ModelBasedMultiFidelity(Controller):
         self.seen: set[Any] = set()  # keys of every config proposed
         self.observed: dict[tuple[int, int], float] = {}  # (trial, step) -> maximised score, in order of arrival
         self.pending: set[int] = set()  # trials proposed and not yet observed
+        self.revisited: set[Any] = set()  # keys of the configs `revisit` proposed again
         self.kernel: Any = None  # the fitted kernel (hyperparameters), None before the first fit
         self.fitted_at = 0  # observations when the hyperparameters were last fitted
 
@@ -144,11 +149,35 @@ class ModelBasedMultiFidelity(Controller):
     def _propose_by_model(self) -> TrialSpec:
         model, target, trained = self._fit()
         configs, encoded = self.candidates(model, target, trained)
-        if not configs:
+        if not configs:  # every config of a finite space proposed
+            again = self.revisit(model)
+            if again is not None:
+                self.revisited.add(config_key(again))
+                return self._remember(copy_config(again), train_to_end=True)
             return self._remember(self.space.sample_unseen(self.rng, self.seen))
         mean, std = model.predict(_at(encoded, target), return_std=True)
         incumbent = float(np.max(model.predict(_at(self._encoded(trained), target))))
         return self._remember(copy_config(configs[int(np.argmax(expected_improvement(mean, std, incumbent)))]))
+
+    def revisit(self, model: Any) -> Config | None:
+        """Once every config of a finite space was proposed: the one with the best predicted score at the highest
+        step observed among those that no trial reached it with, none is running and `revisit` did not give
+        before (to train to the end, past the rungs that judged it); None when there is none."""
+        top = max(step for _, step in self.observed)
+        furthest: dict[Any, int] = {}  # config key -> the furthest step a trial of it reached (top: running)
+        config_of: dict[Any, Config] = {}
+        for trial, config in self.configs.items():
+            key = config_key(config)
+            config_of[key] = config
+            furthest[key] = max(furthest.get(key, 0), top if trial in self.pending else 0)
+        for trial, step in self.observed:
+            key = config_key(self.configs[trial])
+            furthest[key] = max(furthest[key], step)
+        behind = [key for key, step in furthest.items() if step < top and key not in self.revisited]
+        if not behind:
+            return None
+        predicted = model.predict(_at(self.encoder.encode_many([config_of[k] for k in behind]), top))
+        return config_of[behind[int(np.argmax(predicted))]]
 
     def target(self) -> int:
         """The fidelity proposals are judged at: the highest step (at most `max_steps`) observed at least
@@ -175,21 +204,25 @@ class ModelBasedMultiFidelity(Controller):
         chosen: dict[Any, int] = {}
         for index, config in enumerate(local):
             key = config_key(config)
-            if key not in self.seen and key not in chosen and key not in keys:
+            if key not in self.seen and key not in chosen:
                 chosen[key] = index
         picked = [local[i] for i in chosen.values()]
-        encoded = np.vstack([self.encoder.encode_many(picked), rows]) if picked else rows
-        candidates = picked + configs
+        unproposed = []  # the pool's configs not proposed yet, once each (a small space's pool repeats configs)
+        for index, key in enumerate(keys):
+            if key not in self.seen and key not in chosen:
+                chosen[key] = index
+                unproposed.append(index)
+        encoded = np.vstack([self.encoder.encode_many(picked), rows[unproposed]]) if picked else rows[unproposed]
+        candidates = picked + [configs[i] for i in unproposed]
         if self.min_distance > 0 and self.encodings and len(candidates):
             proposed = np.vstack(list(self.encodings.values()))
             far = _min_distances(encoded.astype(float), proposed) > self.min_distance
             candidates, encoded = [c for c, keep in zip(candidates, far) if keep], encoded[far]
         return candidates, encoded
 
-    def _top_up_pool(self) -> tuple[set[Any], list[Config], np.ndarray]:
+    def _top_up_pool(self) -> Pool:
         self.pool = refill_pool(self.pool, self.seen, self.pool_size, self.encoder, self.rng)
-        keys, configs, rows = self.pool
-        return set(keys), configs, rows
+        return self.pool
 
     def _encoded(self, trials: list[int]) -> np.ndarray:
         return np.vstack([self.encodings[t] for t in trials])
