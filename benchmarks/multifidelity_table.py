@@ -36,8 +36,10 @@ WORKERS = 4
 FRACTIONS = (1 / 8, 1 / 4, 1 / 2, 1.0)
 PROMOTE = {"type": "promote", "grace_period": 1, "reduction_factor": 3}
 NASPLAT = {  # name -> (controller, its options, scheduler)
-    "mobster": ("mobster", {}, {"name": "asha", **PROMOTE}),
+    "mobster": ("mobster", {}, {"name": "asha", **PROMOTE, "rank_by": "curve"}),
+    "mobster_value": ("mobster", {}, {"name": "asha", **PROMOTE}),
     "asha_random": ("random", {}, {"name": "asha", **PROMOTE}),
+    "asha_random_curve": ("random", {}, {"name": "asha", **PROMOTE, "rank_by": "curve"}),
     "hyperband": ("random", {}, {"name": "hyperband", **PROMOTE}),
     "rea": ("evolution", {"population_size": 10, "sample_size": 3}, None),
     "predictor": ("predictor", {"initial_samples": 10}, None),
@@ -272,6 +274,7 @@ def reach(trace: Trace, budget_s: float, best: float, regret: float) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, default=50)
+    parser.add_argument("--first-seed", type=int, default=0, help="the seeds are first-seed, first-seed + 1, ...")
     parser.add_argument("--budget", type=float, default=100.0, help="full trainings of worker time")
     parser.add_argument("--only", nargs="+", default=list(NASPLAT) + list(ANCHORS))
     parser.add_argument("--mobster-options", default="{}", help="JSON of more options of the mobster controller")
@@ -283,6 +286,7 @@ def main() -> None:
     print(f"table: {curves['valid_acc'].shape[0]} configurations x {EPOCHS} epochs, best validation {best:.4f}; "
           f"budget {args.budget:g} full trainings = {budget_s:.1f} simulated s on {WORKERS} workers; "
           f"{args.seeds} seeds")
+    seeds = range(args.first_seed, args.first_seed + args.seeds)
     regret: dict[str, list[float]] = {}
     sem: dict[str, list[float]] = {}
     test: dict[str, list[float]] = {}
@@ -296,9 +300,9 @@ def main() -> None:
                 not_installed.append(f"{method}: {exc}")
                 continue
         started = time.perf_counter()
-        extra = json.loads(args.mobster_options) if method == MODEL_BASED else None
+        extra = json.loads(args.mobster_options) if NASPLAT.get(method, ("",))[0] == "mobster" else None
         traces[method] = [nasplat_trace(method, seed, budget_s, extra) if method in NASPLAT else
-                          ANCHORS[method](seed, budget_s) for seed in range(args.seeds)]
+                          ANCHORS[method](seed, budget_s) for seed in seeds]
         scored = [at_checkpoints(t, budget_s, best) for t in traces[method]]
         regrets, tests = np.array([r for r, _ in scored]), np.array([t for _, t in scored])
         regret[method] = regrets.mean(axis=0).round(5).tolist()
@@ -314,7 +318,7 @@ def main() -> None:
         reach_asha = float(np.mean([min(reach(t, budget_s, best, final), 2.0) for t in traces[MODEL_BASED]]))
         print(f"{MODEL_BASED} reaches ASHA-random's final mean regret ({final:.4f}) after {reach_asha:.3f} of the "
               "budget on average (a seed that never does counts 2)")
-    warm = [warm_start_reach(seed, budget_s, json.loads(args.mobster_options)) for seed in range(args.warm_seeds)]
+    warm = [warm_start_reach(seed, budget_s, json.loads(args.mobster_options)) for seed in seeds[:args.warm_seeds]]
     if warm:
         shares = [share for share, _ in warm]
         print(f"warm start: a second {MODEL_BASED} search warm-started from a first one's folder matched the first's "
