@@ -4,7 +4,8 @@ The CNN space (`search_spaces.cnn`) on MNIST-1D, one epoch per step, up to `--ma
 `--train-size` (1,000) signals of the training share by `trainers.classification:ClassificationTrainer`; the
 metric is its validation accuracy (its stratified 20% of MNIST-1D's training set); test accuracy is only reported.
 Per seed, in one run, every method keeps `--concurrency` trials going: nasplat's in its own process (the `local`
-executor: one core, trials interleaved step by step, no start-up), Tune's on a local Ray of `--cpus` (2) CPUs, one
+executor: one core, trials interleaved step by step, no start-up, deterministic) or, with `--executor processes`,
+in as many forked workers (one thread each: the same cores as Tune), Tune's on a local Ray of `--cpus` (2) CPUs, one
 actor a trial:
 
   full             random search, every trial to max_steps (`--full-trials` trials)
@@ -14,6 +15,8 @@ actor a trial:
   asha-mobster-*   nasplat ASHA around its model-based multi-fidelity controller (`mobster`: a Gaussian process over
                    config x epochs learned from every rung, expected improvement at the highest epoch observed
                    3 times), stop or promote
+  asha-*-curve     ASHA `promote` ranking paused trials by their predicted final score (`rank_by: curve`) around
+                   random search or `mobster`; asha-mobster-curve is the model-based method the goal is about
   tune-asha        Ray Tune's ASHAScheduler, same rule parameters, same configs as asha-random-*, same trainer
                    and trial seeds
   tune-bohb        Ray Tune's BOHB (`TuneBOHB` + `HyperBandForBOHB`, reduction factor 3, max_t max_steps), the same
@@ -77,6 +80,8 @@ def methods(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
                                     "type": "promote"}},
         "asha-mobster-stop": {"scheduler": {**asha, "type": "stop"}, **mobster},
         "asha-mobster-promote": {"scheduler": {**asha, "type": "promote"}, **mobster},
+        "asha-random-curve": {"scheduler": {**asha, "type": "promote", "rank_by": "curve"}},
+        "asha-mobster-curve": {"scheduler": {**asha, "type": "promote", "rank_by": "curve"}, **mobster},
     }
 
 
@@ -95,8 +100,9 @@ def run_nasplat(name: str, options: dict[str, Any], seed: int, args: argparse.Na
                 storage: str) -> dict[str, Any]:
     kwargs = {"max_trials": args.trials, **options}
     began = time.perf_counter()
-    result = nasplat.run(trainer=ClassificationTrainer, space=search_space(args), metric="valid_acc", executor="local",
-                         concurrency=args.concurrency, max_steps=args.max_steps, seed=seed, storage=storage,
+    executor_options = {"processes": args.concurrency, "threads": 1} if args.executor == "processes" else None
+    result = nasplat.run(trainer=ClassificationTrainer, space=search_space(args), metric="valid_acc",
+                         executor=args.executor, executor_options=executor_options, concurrency=args.concurrency, max_steps=args.max_steps, seed=seed, storage=storage,
                          name=f"{name}-{seed}", **kwargs)
     wall = time.perf_counter() - began
     rows = [r for r in result.rows if r["status"] not in ("failed", "retried")]  # in the order they finished
@@ -138,8 +144,9 @@ def run_tune(seed: int, args: argparse.Namespace, storage: str) -> dict[str, Any
 
 
 ALL_METHODS = ["full", "asha-random-stop", "asha-random-promote", "asha-evolution-stop", "asha-evolution-promote",
-               "hyperband", "asha-mobster-stop", "asha-mobster-promote", "tune-asha", "tune-bohb"]
-MODEL_BASED = "asha-mobster-promote"
+               "hyperband", "asha-mobster-stop", "asha-mobster-promote", "asha-random-curve", "asha-mobster-curve",
+               "tune-asha", "tune-bohb"]
+MODEL_BASED = "asha-mobster-curve"
 
 
 def at_epochs(trace: list[float], epochs: int) -> float:
@@ -158,6 +165,9 @@ def main() -> None:
     parser.add_argument("--grace-period", type=int, default=1, help="epochs before the first rung")
     parser.add_argument("--concurrency", type=int, default=2)
     parser.add_argument("--cpus", type=int, default=2)
+    parser.add_argument("--executor", choices=("local", "processes"), default="local",
+                        help="nasplat's executor: local (one core, deterministic) or processes (one forked worker "
+                             "per concurrent trial, one thread each, as Tune's actors)")
     parser.add_argument("--methods", default=None,
                         help="comma-separated subset of: " + ", ".join(ALL_METHODS) + " (full and tune-asha always)")
     parser.add_argument("--mobster-options", default="{}", help="JSON of more options of the mobster controller")
