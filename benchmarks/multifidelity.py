@@ -102,8 +102,8 @@ def run_nasplat(name: str, options: dict[str, Any], seed: int, args: argparse.Na
     began = time.perf_counter()
     executor_options = {"processes": args.concurrency, "threads": 1} if args.executor == "processes" else None
     result = nasplat.run(trainer=ClassificationTrainer, space=search_space(args), metric="valid_acc",
-                         executor=args.executor, executor_options=executor_options, concurrency=args.concurrency, max_steps=args.max_steps, seed=seed, storage=storage,
-                         name=f"{name}-{seed}", **kwargs)
+                         executor=args.executor, executor_options=executor_options, concurrency=args.concurrency,
+                         max_steps=args.max_steps, seed=seed, storage=storage, name=f"{name}-{seed}", **kwargs)
     wall = time.perf_counter() - began
     rows = [r for r in result.rows if r["status"] not in ("failed", "retried")]  # in the order they finished
     out = {**curve(rows), "wall": wall, "trials": len({r["trial_id"] for r in rows})}

@@ -201,16 +201,17 @@ class ModelBasedMultiFidelity(Controller):
         local += [self.space.mutate(parents[i % len(parents)], self.rng) for i in range(self.mutations)] if (
             parents) else []
         keys, configs, rows = self._top_up_pool()
-        chosen: dict[Any, int] = {}
-        for index, config in enumerate(local):
+        taken = set(self.seen)  # each candidate once, and none proposed before (a small space's pool repeats)
+        picked: list[Config] = []
+        for config in local:
             key = config_key(config)
-            if key not in self.seen and key not in chosen:
-                chosen[key] = index
-        picked = [local[i] for i in chosen.values()]
-        unproposed = []  # the pool's configs not proposed yet, once each (a small space's pool repeats configs)
+            if key not in taken:
+                taken.add(key)
+                picked.append(config)
+        unproposed: list[int] = []  # indices of the pool's candidates
         for index, key in enumerate(keys):
-            if key not in self.seen and key not in chosen:
-                chosen[key] = index
+            if key not in taken:
+                taken.add(key)
                 unproposed.append(index)
         encoded = np.vstack([self.encoder.encode_many(picked), rows[unproposed]]) if picked else rows[unproposed]
         candidates = picked + [configs[i] for i in unproposed]
