@@ -300,7 +300,8 @@ def main() -> None:
                 not_installed.append(f"{method}: {exc}")
                 continue
         started = time.perf_counter()
-        extra = json.loads(args.mobster_options) if NASPLAT.get(method, ("",))[0] == "mobster" else None
+        uses_mobster = method in NASPLAT and NASPLAT[method][0] == "mobster"
+        extra = json.loads(args.mobster_options) if uses_mobster else None
         traces[method] = [nasplat_trace(method, seed, budget_s, extra) if method in NASPLAT else
                           ANCHORS[method](seed, budget_s) for seed in seeds]
         scored = [at_checkpoints(t, budget_s, best) for t in traces[method]]

@@ -164,20 +164,16 @@ class ModelBasedMultiFidelity(Controller):
         step observed among those that no trial reached it with, none is running and `revisit` did not give
         before (to train to the end, past the rungs that judged it); None when there is none."""
         top = max(step for _, step in self.observed)
-        furthest: dict[Any, int] = {}  # config key -> the furthest step a trial of it reached (top: running)
-        config_of: dict[Any, Config] = {}
-        for trial, config in self.configs.items():
-            key = config_key(config)
-            config_of[key] = config
-            furthest[key] = max(furthest.get(key, 0), top if trial in self.pending else 0)
-        for trial, step in self.observed:
-            key = config_key(self.configs[trial])
-            furthest[key] = max(furthest[key], step)
-        behind = [key for key, step in furthest.items() if step < top and key not in self.revisited]
-        if not behind:
+        reached = set(self.revisited)  # keys of the configs a trial took to `top` (or that is running, unreported)
+        reached.update(config_key(self.configs[trial]) for trial in self.pending)
+        reached.update(config_key(self.configs[trial]) for trial, step in self.observed if step >= top)
+        proposed: dict[Any, Config] = {}  # each config proposed (or warm-started from), once, in trial order
+        for config in self.configs.values():
+            proposed.setdefault(config_key(config), config)
+        configs = [config for key, config in proposed.items() if key not in reached]
+        if not configs:
             return None
-        predicted = model.predict(_at(self.encoder.encode_many([config_of[k] for k in behind]), top))
-        return config_of[behind[int(np.argmax(predicted))]]
+        return configs[int(np.argmax(model.predict(_at(self.encoder.encode_many(configs), top))))]
 
     def target(self) -> int:
         """The fidelity proposals are judged at: the highest step (at most `max_steps`) observed at least
