@@ -279,6 +279,8 @@ TOY_RUN = {**MOBSTER, "trainer": "toy_mf:Curve", "space": "toy_mf:SPACE", "metri
 TABLE_RUN = {**MOBSTER, "trainer": "trainers.lc_table:LCTable", "space": "search_spaces.lc_table:space",
              "metric": "valid_acc", "max_trials": 40, "max_steps": 27,
              "scheduler": {"name": "asha", "type": "promote", "rank_by": "curve"}}
+# with `delayed`, ASHA holds back promotions that the run above makes from the 24th row on (checked likewise)
+TABLE_DELAYED_RUN = {**TABLE_RUN, "scheduler": {**TABLE_RUN["scheduler"], "delayed": True}}
 
 
 def _drive(tmp_path: Path, name: str, kill_after: int, run: dict) -> subprocess.CompletedProcess:
@@ -294,8 +296,9 @@ def _decisions(folder: Path, metric: str) -> list[tuple]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("executor, concurrency, run, kill_after", [
-    ("local", 1, TOY_RUN, 30), ("simulated", 3, TOY_RUN, 30), ("simulated", 1, TABLE_RUN, 45)],
-    ids=["local-toy", "simulated-toy", "simulated-table-curve"])
+    ("local", 1, TOY_RUN, 30), ("simulated", 3, TOY_RUN, 30), ("simulated", 1, TABLE_RUN, 45),
+    ("simulated", 1, TABLE_DELAYED_RUN, 45)],
+    ids=["local-toy", "simulated-toy", "simulated-table-curve", "simulated-table-delayed"])
 def test_a_killed_model_based_search_resumes_to_the_same_decisions(toy, tmp_path, executor, concurrency, run,
                                                                    kill_after):
     """Replay rebuilds the model's decisions: every recorded decision is taken again, and every trial keeps the
@@ -303,7 +306,8 @@ def test_a_killed_model_based_search_resumes_to_the_same_decisions(toy, tmp_path
     the trials running at the kill go on from their checkpoints in another order than they would have (for every
     controller), so the later proposals may differ and only the replay is compared. The kill comes past the
     random start (the model has proposed trials and ASHA paused some); on the table, past promotions that the
-    curve model decided (`rank_by: curve`, whose model replay rebuilds as well)."""
+    curve model decided (`rank_by: curve`, whose model replay rebuilds as well), and past promotions that
+    `delayed` held back."""
     run = {**run, "executor": executor, "concurrency": concurrency}
     whole = _drive(tmp_path, "whole", 0, run)
     assert whole.returncode == 0, whole.stderr[-2000:]

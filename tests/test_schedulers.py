@@ -61,8 +61,9 @@ def score(trial_id: int, step: int) -> float:
     return AT_1[trial_id] if step < 3 else AT_3[trial_id]
 
 
-def drive(asha: ASHA, jobs: int, steps: dict[int, int] | None = None) -> list[tuple]:
-    """One worker running `jobs` jobs as the engine does: promote first, else ask; report every step."""
+def drive(asha: ASHA, jobs: int, steps: dict[int, int] | None = None, scores=score) -> list[tuple]:
+    """One worker running `jobs` jobs as the engine does: promote first, else ask; report every step (its score
+    from `scores(trial_id, step)`)."""
     log, steps = [], {} if steps is None else steps
     for _ in range(jobs):
         trial_id = asha.promote()
@@ -74,7 +75,7 @@ def drive(asha: ASHA, jobs: int, steps: dict[int, int] | None = None) -> list[tu
         step = steps.get(trial_id, 0)
         while True:
             step += 1
-            result = Result({"score": score(trial_id, step)}, step)
+            result = Result({"score": scores(trial_id, step)}, step)
             decision = asha.on_result(trial_id, result)
             if step >= asha.max_steps or isinstance(decision, Stop):
                 asha.tell(trial_id, result)
@@ -105,6 +106,42 @@ def test_promote_state_dict_continues_identically():
     copy.load_state_dict(first.state_dict())
     assert head + drive(copy, 9, dict(steps)) == EXPECTED
     assert drive(first, 9, steps) == EXPECTED[len(head):]
+
+
+def improving(trial_id: int, step: int) -> float:
+    """Each trial better than every earlier one at every step (the proposals of a controller that learns)."""
+    return trial_id + 0.01 * step
+
+
+@pytest.mark.parametrize("delayed, reached, promoted, most_over_share", [
+    (False, [18, 16, 14], [16, 14, 12], 10),
+    (True, [42, 13, 4], [13, 4, 1], 0),
+])
+def test_delayed_promotion_holds_each_rung_to_its_share_when_later_trials_are_better(delayed, reached, promoted,
+                                                                                      most_over_share):
+    asha = ASHA(Told(SPACE, metric="score"), max_steps=27, type="promote", delayed=delayed)  # rungs at 1, 3, 9
+    steps: dict[int, int] = {}
+    over = 0  # the most promotions a rung had beyond floor(n / 3) of its n results, after any of the 60 jobs
+    for _ in range(60):
+        drive(asha, 1, steps, scores=improving)
+        over = max(over, *(len(asha.promoted[0][k]) - len(rung) // 3 for k, rung in enumerate(asha.recorded[0])))
+    # trials that reached each rung; plain ASHA promoted almost every trial (the newest is always the best), and
+    # so ran 18 trials in 60 jobs; delayed, the rungs keep successive halving's shape and 42 trials ran
+    assert [len(rung) for rung in asha.recorded[0]] == reached
+    assert [len(trials) for trials in asha.promoted[0]] == promoted
+    assert over == most_over_share
+
+
+def test_delayed_promotion_state_dict_continues_identically():
+    first = ASHA(Told(SPACE, metric="score", seed=3), max_steps=27, type="promote", delayed=True)
+    steps: dict[int, int] = {}
+    drive(first, 25, steps, scores=improving)
+    copy = ASHA(Told(SPACE, metric="score", seed=3), max_steps=27, type="promote", delayed=True)
+    copy.load_state_dict(first.state_dict())
+    tail = drive(copy, 35, dict(steps), scores=improving)
+    assert tail == drive(first, 35, steps, scores=improving)
+    # after the copy a promotion comes each time a rung's quota grows: every third new trial at the first rung
+    assert [job[1] for job in tail if job[0] == "promote"] == [17, 20, 23, 26, 26, 26, 29, 32, 35, 35, 38]
 
 
 # -- stop: Ray Tune's ASHAScheduler as the oracle ----------------------------------------------------------
@@ -192,6 +229,10 @@ def test_hyperband_brackets_and_their_weights():
     ({"name": "asha", "brackets": 5}, r"`brackets` must be <= 4 .* got brackets=5"),
     ({"name": "asha", "max_steps": 30}, r"scheduler's max_steps must be <= the run's, got scheduler max_steps=30"),
     ({"name": "asha", "reduction_factor": 1}, r"`reduction_factor` must be an integer >= 2, got reduction_factor=1"),
+    ({"name": "asha", "delayed": True},
+     r"`delayed` bounds promotions, so it needs type='promote'; got delayed=True with type='stop'"),
+    ({"name": "hyperband", "type": "promote", "delayed": "yes"},
+     r"`delayed` must be true or false, got delayed='yes'"),
     ({"name": "median", "patience": 3}, r"unknown option\(s\) \['patience'\] for scheduler 'median'; allowed: \['grace_period'"),
 ])
 def test_bad_scheduler_options_are_named(options, message):
@@ -297,7 +338,7 @@ def test_scheduler_from_yaml(tmp_path):
     ({"name": "hyperband", "type": "pause"}, "type"),
     ({"name": "nope"}, "nope"),
     ({"name": "asha", "grace": 2}, "unknown option(s) ['grace'] for scheduler 'asha'; allowed: ['max_steps', "
-                                   "'grace_period', 'reduction_factor', 'brackets', 'type', 'rank_by']"),
+                                   "'grace_period', 'reduction_factor', 'brackets', 'type', 'rank_by', 'delayed']"),
 ])
 def test_a_bad_scheduler_option_in_a_file_names_the_file_and_the_scheduler_key(tmp_path, scheduler, message):
     from nasplat.experiment.file import read_experiment

@@ -8,7 +8,7 @@ from typing import Any, ClassVar, Literal
 import numpy as np
 
 from nasplat.controllers.base import CONTINUE, PAUSE, STOP, Controller, Decision, Result, TrialSpec
-from nasplat.core.checks import check_choice, check_int
+from nasplat.core.checks import check_bool, check_choice, check_int
 from nasplat.core.pareto import rank_order
 from nasplat.schedulers.base import Scheduler, check_first_rung
 
@@ -43,13 +43,19 @@ class ASHA(Scheduler):
     at `max_steps` (while fewer than `MIN_CURVES` of the rung's trials got there: at the next rung) on the score at
     the rung and its change over the step before, learnt from the rung's trials that went further; with fewer than
     `MIN_CURVES` of those, the score at the rung ranks as with `rank_by="value"` (the default).
+
+    `delayed=True` (with `type="promote"`; after Hyper-Tune's delayed ASHA, Li et al. 2022): a rung of `n` results
+    has promoted at most `floor(n / reduction_factor)` trials at any time, as many as synchronous successive
+    halving would. Plain ASHA promotes every trial that enters the rung's top `floor(n / reduction_factor)` while
+    paused, so a controller whose later proposals beat its earlier ones (a model-based one) gets most of them
+    promoted, and trains far more steps than the rule's share.
     """
 
     multi_objective: ClassVar[bool] = True  # it can rank several objectives; `pareto` says whether this run does
 
     def __init__(self, controller: Controller, *, max_steps: int, grace_period: int = 1, reduction_factor: int = 3,
                  brackets: int = 1, type: Literal["stop", "promote"] = "stop",
-                 rank_by: Literal["value", "curve"] = "value") -> None:
+                 rank_by: Literal["value", "curve"] = "value", delayed: bool = False) -> None:
         super().__init__(controller)
         self.max_steps = check_int("max_steps", max_steps, minimum=1)
         self.grace_period = check_int("grace_period", grace_period, minimum=1)
@@ -76,6 +82,10 @@ class ASHA(Scheduler):
                              f"type='promote' and one metric without constraints, got type={self.type!r}, "
                              f"metric={list(self.metrics)}, constraints={[str(c) for c in self.constraints]}")
         self.curves: dict[int, dict[int, float]] = {}  # trial -> step -> score, with rank_by="curve"
+        self.delayed = check_bool("delayed", delayed)
+        if self.delayed and self.type != "promote":
+            raise ValueError(f"`delayed` bounds promotions, so it needs type='promote'; got delayed=True with "
+                             f"type={self.type!r}")
 
     def _milestones(self, bracket: int) -> list[int]:
         steps, k = [], bracket
@@ -158,14 +168,17 @@ class ASHA(Scheduler):
 
     def promote(self) -> int | None:
         """Li et al. (2020), Algorithm 2's `get_job`: the best not yet promoted trial in the top 1/reduction_factor
-        of the highest rung that has one (brackets in order), or None."""
+        of the highest rung that has one (brackets in order; with `delayed`, among rungs below their quota of
+        promotions), or None."""
         if self.type != "promote":
             return None
         for bracket, recorded in enumerate(self.recorded):
             for k in reversed(range(len(recorded))):
-                rung = recorded[k]
+                rung, quota = recorded[k], len(recorded[k]) // self.reduction_factor
+                if self.delayed and len(self.promoted[bracket][k]) >= quota:
+                    continue
                 order = self.by_curve(bracket, k) if self.rank_by == "curve" else self.ranked(rung)
-                for trial_id in order[:len(rung) // self.reduction_factor]:
+                for trial_id in order[:quota]:
                     if trial_id not in self.promoted[bracket][k] and trial_id in self.paused:
                         self.promoted[bracket][k].add(trial_id)
                         self.paused.discard(trial_id)
@@ -212,4 +225,5 @@ class ASHA(Scheduler):
 
     def describe(self) -> dict[str, Any]:
         return {"scheduler": type(self).__name__, "type": self.type, "reduction_factor": self.reduction_factor,
-                "max_steps": self.max_steps, "rungs": [list(r) for r in self.rungs], "rank_by": self.rank_by}
+                "max_steps": self.max_steps, "rungs": [list(r) for r in self.rungs], "rank_by": self.rank_by,
+                "delayed": self.delayed}

@@ -16,12 +16,13 @@ class Hyperband(ASHA):
     b = 0 .. s_max (s_max = the number of rungs below `max_steps`; the last bracket trains every trial to
     `max_steps`). A new trial joins bracket b with chance proportional to the number of configurations
     Hyperband gives that bracket, `ceil((s_max + 1) / (s + 1) * reduction_factor**s)` with s = s_max - b, so
-    that every bracket gets about the same share of the steps, as in the synchronous algorithm. `rank_by` is
-    ASHA's.
+    that every bracket gets about the same share of the steps, as in the synchronous algorithm. `rank_by` and
+    `delayed` are ASHA's.
     """
 
     def __init__(self, controller: Controller, *, max_steps: int, grace_period: int = 1, reduction_factor: int = 3,
-                 type: Literal["stop", "promote"] = "stop", rank_by: Literal["value", "curve"] = "value") -> None:
+                 type: Literal["stop", "promote"] = "stop", rank_by: Literal["value", "curve"] = "value",
+                 delayed: bool = False) -> None:
         max_steps = check_int("max_steps", max_steps, minimum=1)
         grace_period = check_int("grace_period", grace_period, minimum=1)
         reduction_factor = check_int("reduction_factor", reduction_factor, minimum=2)
@@ -32,7 +33,8 @@ class Hyperband(ASHA):
             s_max += 1
         self.s_max = s_max
         super().__init__(controller, max_steps=max_steps, grace_period=grace_period,
-                         reduction_factor=reduction_factor, brackets=s_max + 1, type=type, rank_by=rank_by)
+                         reduction_factor=reduction_factor, brackets=s_max + 1, type=type, rank_by=rank_by,
+                         delayed=delayed)
 
     def bracket_weights(self) -> list[float]:
         counts = [math.ceil((self.s_max + 1) / (s + 1) * self.reduction_factor ** s)
