@@ -17,6 +17,8 @@ actor a trial:
                    3 times), stop or promote
   asha-*-curve     ASHA `promote` ranking paused trials by their predicted final score (`rank_by: curve`) around
                    random search or `mobster`; asha-mobster-curve is the model-based method the goal is about
+  asha-*-delayed   the same with `delayed` (after Hyper-Tune's delayed ASHA): a rung promotes at most a third of
+                   its results at any time, so 40 trials train successive halving's 108 epochs
   tune-asha        Ray Tune's ASHAScheduler, same rule parameters, same configs as asha-random-*, same trainer
                    and trial seeds
   tune-bohb        Ray Tune's BOHB (`TuneBOHB` + `HyperBandForBOHB`, reduction factor 3, max_t max_steps), the same
@@ -82,6 +84,9 @@ def methods(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
         "asha-mobster-promote": {"scheduler": {**asha, "type": "promote"}, **mobster},
         "asha-random-curve": {"scheduler": {**asha, "type": "promote", "rank_by": "curve"}},
         "asha-mobster-curve": {"scheduler": {**asha, "type": "promote", "rank_by": "curve"}, **mobster},
+        "asha-random-delayed": {"scheduler": {**asha, "type": "promote", "rank_by": "curve", "delayed": True}},
+        "asha-mobster-delayed": {"scheduler": {**asha, "type": "promote", "rank_by": "curve", "delayed": True},
+                                 **mobster},
     }
 
 
@@ -145,7 +150,7 @@ def run_tune(seed: int, args: argparse.Namespace, storage: str) -> dict[str, Any
 
 ALL_METHODS = ["full", "asha-random-stop", "asha-random-promote", "asha-evolution-stop", "asha-evolution-promote",
                "hyperband", "asha-mobster-stop", "asha-mobster-promote", "asha-random-curve", "asha-mobster-curve",
-               "tune-asha", "tune-bohb"]
+               "asha-random-delayed", "asha-mobster-delayed", "tune-asha", "tune-bohb"]
 MODEL_BASED = "asha-mobster-curve"
 
 
@@ -157,6 +162,7 @@ def at_epochs(trace: list[float], epochs: int) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, default=5)
+    parser.add_argument("--first-seed", type=int, default=0, help="the seeds are first-seed, first-seed + 1, ...")
     parser.add_argument("--max-steps", type=int, default=27, help="epochs of a full-fidelity trial")
     parser.add_argument("--full-trials", type=int, default=12, help="trials of full-fidelity random search")
     parser.add_argument("--trials", type=int, default=40, help="new trials of each multi-fidelity method")
@@ -171,6 +177,7 @@ def main() -> None:
     parser.add_argument("--methods", default=None,
                         help="comma-separated subset of: " + ", ".join(ALL_METHODS) + " (full and tune-asha always)")
     parser.add_argument("--mobster-options", default="{}", help="JSON of more options of the mobster controller")
+    parser.add_argument("--save", default=None, help="a JSON file to write every run's figures to, traces included")
     args = parser.parse_args()
     chosen = ALL_METHODS if args.methods is None else ["full", "tune-asha", *args.methods.split(",")]
     unknown = sorted(set(chosen) - set(ALL_METHODS))
@@ -183,7 +190,7 @@ def main() -> None:
     load_dataset("mnist1d")
     storage = tempfile.mkdtemp(prefix="nasplat-multifidelity-")
     results: dict[str, list[dict[str, Any]]] = {}
-    for seed in range(args.seeds):
+    for seed in range(args.first_seed, args.first_seed + args.seeds):
         for name, options in methods(args).items():
             if name not in chosen:
                 continue
@@ -200,6 +207,8 @@ def main() -> None:
             print(f"seed {seed} tune-bohb: {results['tune-bohb'][-1]['best_valid']:.4f} {bohb['wall']:.1f} s",
                   file=sys.stderr, flush=True)
     ray.shutdown()
+    if args.save:
+        Path(args.save).write_text(json.dumps({"args": vars(args), "results": results}))
     report(results, args, not_installed)
 
 
@@ -276,20 +285,27 @@ def report(results: dict[str, list[dict[str, Any]]], args: argparse.Namespace, n
 
 def model_based_comparison(results: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     """The model-based method against every other method at an equal epoch budget (per seed, both methods' best
-    after the fewer epochs of the two; means over seeds), printed, and its wall against Tune BOHB's."""
+    after the fewer epochs of the two; means over seeds, the paired difference's standard error in points),
+    printed, and its wall against Tune BOHB's."""
     if MODEL_BASED not in results:
         return {}
-    equal = {}
-    print(f"{MODEL_BASED} at an equal epoch budget with each method (best valid after min(epochs of both), per seed):")
+    equal, sem = {}, {}
+    print(f"{MODEL_BASED} at an equal epoch budget with each method (best valid after min(epochs of both), per seed;"
+          " the paired difference's standard error; seeds above / level / below):")
     for other, runs in results.items():
         if other == MODEL_BASED:
             continue
         pairs = list(zip(results[MODEL_BASED], runs))
-        ours = float(np.mean([at_epochs(m["trace"], min(m["epochs"], o["epochs"])) for m, o in pairs]))
-        theirs = float(np.mean([at_epochs(o["trace"], min(m["epochs"], o["epochs"])) for m, o in pairs]))
-        equal[other] = [round(100 * ours, 2), round(100 * theirs, 2)]
-        print(f"  vs {other:<24} {100 * ours:.2f} vs {100 * theirs:.2f} ({100 * (ours - theirs):+.2f})")
+        ours = np.array([at_epochs(m["trace"], min(m["epochs"], o["epochs"])) for m, o in pairs])
+        theirs = np.array([at_epochs(o["trace"], min(m["epochs"], o["epochs"])) for m, o in pairs])
+        gaps = 100 * (ours - theirs)
+        error = float(np.std(gaps, ddof=1) / np.sqrt(len(gaps))) if len(gaps) > 1 else float("nan")
+        equal[other] = [round(100 * float(ours.mean()), 2), round(100 * float(theirs.mean()), 2)]
+        sem[other] = round(error, 2)
+        print(f"  vs {other:<24} {100 * ours.mean():.2f} vs {100 * theirs.mean():.2f} ({gaps.mean():+.2f} ± "
+              f"{error:.2f}; {int((gaps > 0).sum())} / {int((gaps == 0).sum())} / {int((gaps < 0).sum())})")
     out: dict[str, Any] = {"model_based": MODEL_BASED, "model_based_equal_budget": equal,
+                           "model_based_equal_budget_sem": sem,
                            "model_based_at_least_every_other": all(a >= b for a, b in equal.values())}
     if "tune-bohb" in results:
         ratio = np.mean([r["wall"] for r in results[MODEL_BASED]]) / np.mean([r["wall"] for r in results["tune-bohb"]])

@@ -40,6 +40,8 @@ NASPLAT = {  # name -> (controller, its options, scheduler)
     "mobster_value": ("mobster", {}, {"name": "asha", **PROMOTE}),
     "asha_random": ("random", {}, {"name": "asha", **PROMOTE}),
     "asha_random_curve": ("random", {}, {"name": "asha", **PROMOTE, "rank_by": "curve"}),
+    "mobster_delayed": ("mobster", {}, {"name": "asha", **PROMOTE, "rank_by": "curve", "delayed": True}),
+    "asha_random_delayed": ("random", {}, {"name": "asha", **PROMOTE, "rank_by": "curve", "delayed": True}),
     "hyperband": ("random", {}, {"name": "hyperband", **PROMOTE}),
     "rea": ("evolution", {"population_size": 10, "sample_size": 3}, None),
     "predictor": ("predictor", {"initial_samples": 10}, None),
