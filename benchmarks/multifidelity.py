@@ -68,6 +68,9 @@ def search_space(args: argparse.Namespace) -> Space:
 def methods(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
     """nasplat.run keyword arguments of each nasplat method."""
     asha = {"name": "asha", "grace_period": args.grace_period, "reduction_factor": 3}
+    promote = {**asha, "type": "promote"}
+    curve = {**promote, "rank_by": "curve"}
+    delayed = {**curve, "delayed": True}
     evolution = {"controller": "evolution", "controller_options": {"population_size": args.population,
                                                                    "sample_size": 3}}
     mobster = {"controller": "mobster",
@@ -75,18 +78,17 @@ def methods(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
     return {
         "full": {"max_trials": args.full_trials},
         "asha-random-stop": {"scheduler": {**asha, "type": "stop"}},
-        "asha-random-promote": {"scheduler": {**asha, "type": "promote"}},
+        "asha-random-promote": {"scheduler": promote},
         "asha-evolution-stop": {"scheduler": {**asha, "type": "stop"}, **evolution},
-        "asha-evolution-promote": {"scheduler": {**asha, "type": "promote"}, **evolution},
+        "asha-evolution-promote": {"scheduler": promote, **evolution},
         "hyperband": {"scheduler": {"name": "hyperband", "grace_period": args.grace_period, "reduction_factor": 3,
                                     "type": "promote"}},
         "asha-mobster-stop": {"scheduler": {**asha, "type": "stop"}, **mobster},
-        "asha-mobster-promote": {"scheduler": {**asha, "type": "promote"}, **mobster},
-        "asha-random-curve": {"scheduler": {**asha, "type": "promote", "rank_by": "curve"}},
-        "asha-mobster-curve": {"scheduler": {**asha, "type": "promote", "rank_by": "curve"}, **mobster},
-        "asha-random-delayed": {"scheduler": {**asha, "type": "promote", "rank_by": "curve", "delayed": True}},
-        "asha-mobster-delayed": {"scheduler": {**asha, "type": "promote", "rank_by": "curve", "delayed": True},
-                                 **mobster},
+        "asha-mobster-promote": {"scheduler": promote, **mobster},
+        "asha-random-curve": {"scheduler": curve},
+        "asha-mobster-curve": {"scheduler": curve, **mobster},
+        "asha-random-delayed": {"scheduler": delayed},
+        "asha-mobster-delayed": {"scheduler": delayed, **mobster},
     }
 
 

@@ -35,13 +35,16 @@ from trainers.lc_table import LCTable, load_curves
 WORKERS = 4
 FRACTIONS = (1 / 8, 1 / 4, 1 / 2, 1.0)
 PROMOTE = {"type": "promote", "grace_period": 1, "reduction_factor": 3}
+ASHA = {"name": "asha", **PROMOTE}
+ASHA_CURVE = {**ASHA, "rank_by": "curve"}
+ASHA_DELAYED = {**ASHA_CURVE, "delayed": True}
 NASPLAT = {  # name -> (controller, its options, scheduler)
-    "mobster": ("mobster", {}, {"name": "asha", **PROMOTE, "rank_by": "curve"}),
-    "mobster_value": ("mobster", {}, {"name": "asha", **PROMOTE}),
-    "asha_random": ("random", {}, {"name": "asha", **PROMOTE}),
-    "asha_random_curve": ("random", {}, {"name": "asha", **PROMOTE, "rank_by": "curve"}),
-    "mobster_delayed": ("mobster", {}, {"name": "asha", **PROMOTE, "rank_by": "curve", "delayed": True}),
-    "asha_random_delayed": ("random", {}, {"name": "asha", **PROMOTE, "rank_by": "curve", "delayed": True}),
+    "mobster": ("mobster", {}, ASHA_CURVE),
+    "mobster_value": ("mobster", {}, ASHA),
+    "asha_random": ("random", {}, ASHA),
+    "asha_random_curve": ("random", {}, ASHA_CURVE),
+    "mobster_delayed": ("mobster", {}, ASHA_DELAYED),
+    "asha_random_delayed": ("random", {}, ASHA_DELAYED),
     "hyperband": ("random", {}, {"name": "hyperband", **PROMOTE}),
     "rea": ("evolution", {"population_size": 10, "sample_size": 3}, None),
     "predictor": ("predictor", {"initial_samples": 10}, None),

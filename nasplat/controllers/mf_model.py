@@ -198,17 +198,8 @@ class ModelBasedMultiFidelity(Controller):
             parents) else []
         keys, configs, rows = self._top_up_pool()
         taken = set(self.seen)  # each candidate once, and none proposed before (a small space's pool repeats)
-        picked: list[Config] = []
-        for config in local:
-            key = config_key(config)
-            if key not in taken:
-                taken.add(key)
-                picked.append(config)
-        unproposed: list[int] = []  # indices of the pool's candidates
-        for index, key in enumerate(keys):
-            if key not in taken:
-                taken.add(key)
-                unproposed.append(index)
+        picked = [local[i] for i in _first_unseen([config_key(c) for c in local], taken)]
+        unproposed = _first_unseen(keys, taken)  # indices of the pool's candidates
         encoded = np.vstack([self.encoder.encode_many(picked), rows[unproposed]]) if picked else rows[unproposed]
         candidates = picked + [configs[i] for i in unproposed]
         if self.min_distance > 0 and self.encodings and len(candidates):
@@ -271,6 +262,16 @@ class ModelBasedMultiFidelity(Controller):
         self.encodings[spec.trial_id] = self.encoder.encode(config).astype(float)
         self.pending.add(spec.trial_id)
         return spec
+
+
+def _first_unseen(keys: Sequence[Any], taken: set[Any]) -> list[int]:
+    """The indices of the keys not in `taken`, the first of each only; `taken` gains them."""
+    indices = []
+    for index, key in enumerate(keys):
+        if key not in taken:
+            taken.add(key)
+            indices.append(index)
+    return indices
 
 
 def _min_distances(points: np.ndarray, others: np.ndarray) -> np.ndarray:
