@@ -19,6 +19,8 @@ actor a trial:
                    random search or `mobster`; asha-mobster-curve is the model-based method the goal is about
   asha-*-delayed   the same with `delayed` (after Hyper-Tune's delayed ASHA): a rung promotes at most a third of
                    its results at any time, so 40 trials train successive halving's 108 epochs
+  asha-mobster-target  asha-mobster-delayed with the model fitted at its target epoch and above only (`fit_on:
+                   target`, as BOHB fits its model at one budget)
   tune-asha        Ray Tune's ASHAScheduler, same rule parameters, same configs as asha-random-*, same trainer
                    and trial seeds
   tune-bohb        Ray Tune's BOHB (`TuneBOHB` + `HyperBandForBOHB`, reduction factor 3, max_t max_steps), the same
@@ -89,6 +91,8 @@ def methods(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
         "asha-mobster-curve": {"scheduler": curve, **mobster},
         "asha-random-delayed": {"scheduler": delayed},
         "asha-mobster-delayed": {"scheduler": delayed, **mobster},
+        "asha-mobster-target": {"scheduler": delayed, "controller": "mobster", "controller_options": {
+            **mobster["controller_options"], "fit_on": "target"}},
     }
 
 
@@ -152,7 +156,7 @@ def run_tune(seed: int, args: argparse.Namespace, storage: str) -> dict[str, Any
 
 ALL_METHODS = ["full", "asha-random-stop", "asha-random-promote", "asha-evolution-stop", "asha-evolution-promote",
                "hyperband", "asha-mobster-stop", "asha-mobster-promote", "asha-random-curve", "asha-mobster-curve",
-               "asha-random-delayed", "asha-mobster-delayed", "tune-asha", "tune-bohb"]
+               "asha-random-delayed", "asha-mobster-delayed", "asha-mobster-target", "tune-asha", "tune-bohb"]
 MODEL_BASED = "asha-mobster-curve"
 
 
@@ -179,6 +183,8 @@ def main() -> None:
     parser.add_argument("--methods", default=None,
                         help="comma-separated subset of: " + ", ".join(ALL_METHODS) + " (full and tune-asha always)")
     parser.add_argument("--mobster-options", default="{}", help="JSON of more options of the mobster controller")
+    parser.add_argument("--model-based", default=MODEL_BASED, choices=[m for m in ALL_METHODS if "mobster" in m],
+                        help="the method compared with every other at an equal epoch budget")
     parser.add_argument("--save", default=None, help="a JSON file to write every run's figures to, traces included")
     args = parser.parse_args()
     chosen = ALL_METHODS if args.methods is None else ["full", "tune-asha", *args.methods.split(",")]
@@ -265,7 +271,7 @@ def report(results: dict[str, list[dict[str, Any]]], args: argparse.Namespace, n
     for n in multi:
         print(f"  {n:<24} nasplat {100 * equal[n]:.2f} vs tune {100 * tune_equal[n]:.2f}, wall "
               f"{mean(n, 'wall') / mean('tune-asha', 'wall'):.3f}x tune's")
-    model_based = model_based_comparison(results)
+    model_based = model_based_comparison(results, args.model_based)
     print(json.dumps({
         "epochs_ratio_vs_full": None if reach[fastest] is None else round(reach[fastest] / full_epochs, 3),
         "ratio_variant": fastest,
@@ -285,19 +291,19 @@ def report(results: dict[str, list[dict[str, Any]]], args: argparse.Namespace, n
     }))
 
 
-def model_based_comparison(results: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
-    """The model-based method against every other method at an equal epoch budget (per seed, both methods' best
+def model_based_comparison(results: dict[str, list[dict[str, Any]]], model_based: str) -> dict[str, Any]:
+    """The method `model_based` against every other method at an equal epoch budget (per seed, both methods' best
     after the fewer epochs of the two; means over seeds, the paired difference's standard error in points),
     printed, and its wall against Tune BOHB's."""
-    if MODEL_BASED not in results:
+    if model_based not in results:
         return {}
     equal, sem = {}, {}
-    print(f"{MODEL_BASED} at an equal epoch budget with each method (best valid after min(epochs of both), per seed;"
+    print(f"{model_based} at an equal epoch budget with each method (best valid after min(epochs of both), per seed;"
           " the paired difference's standard error; seeds above / level / below):")
     for other, runs in results.items():
-        if other == MODEL_BASED:
+        if other == model_based:
             continue
-        pairs = list(zip(results[MODEL_BASED], runs))
+        pairs = list(zip(results[model_based], runs))
         ours = np.array([at_epochs(m["trace"], min(m["epochs"], o["epochs"])) for m, o in pairs])
         theirs = np.array([at_epochs(o["trace"], min(m["epochs"], o["epochs"])) for m, o in pairs])
         gaps = 100 * (ours - theirs)
@@ -306,13 +312,13 @@ def model_based_comparison(results: dict[str, list[dict[str, Any]]]) -> dict[str
         sem[other] = round(error, 2)
         print(f"  vs {other:<24} {100 * ours.mean():.2f} vs {100 * theirs.mean():.2f} ({gaps.mean():+.2f} ± "
               f"{error:.2f}; {int((gaps > 0).sum())} / {int((gaps == 0).sum())} / {int((gaps < 0).sum())})")
-    out: dict[str, Any] = {"model_based": MODEL_BASED, "model_based_equal_budget": equal,
+    out: dict[str, Any] = {"model_based": model_based, "model_based_equal_budget": equal,
                            "model_based_equal_budget_sem": sem,
                            "model_based_at_least_every_other": all(a >= b for a, b in equal.values())}
     if "tune-bohb" in results:
-        ratio = np.mean([r["wall"] for r in results[MODEL_BASED]]) / np.mean([r["wall"] for r in results["tune-bohb"]])
+        ratio = np.mean([r["wall"] for r in results[model_based]]) / np.mean([r["wall"] for r in results["tune-bohb"]])
         out["wall_ratio_vs_tune_bohb"] = round(float(ratio), 3)
-        print(f"{MODEL_BASED} wall {ratio:.3f}x Tune BOHB's")
+        print(f"{model_based} wall {ratio:.3f}x Tune BOHB's")
     return out
 
 

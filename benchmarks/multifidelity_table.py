@@ -45,6 +45,7 @@ NASPLAT = {  # name -> (controller, its options, scheduler)
     "asha_random_curve": ("random", {}, ASHA_CURVE),
     "mobster_delayed": ("mobster", {}, ASHA_DELAYED),
     "asha_random_delayed": ("random", {}, ASHA_DELAYED),
+    "mobster_target": ("mobster", {"fit_on": "target"}, ASHA_DELAYED),
     "hyperband": ("random", {}, {"name": "hyperband", **PROMOTE}),
     "rea": ("evolution", {"population_size": 10, "sample_size": 3}, None),
     "predictor": ("predictor", {"initial_samples": 10}, None),

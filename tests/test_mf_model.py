@@ -138,7 +138,49 @@ def test_the_model_proposes_better_configs_than_random_search_at_the_same_budget
         assert means[0] > means[1] + 0.1, (seed, means)
 
 
+def _proposal_after(fit_on: str, first_step: list[float]) -> dict:
+    """The first model proposal of a controller told 12 random trials' first steps (`first_step`) and steps 3 and 9
+    of every third (20 observations: its `initial_samples`)."""
+    controller = ModelBasedMultiFidelity({"x": nasplat.Float(0.0, 1.0), "y": nasplat.Float(0.0, 1.0)},
+                                         metric="score", seed=3, initial_samples=20, pool_size=200, fit_on=fit_on)
+    for index, value in enumerate(first_step):
+        spec = controller.ask()
+        final = -(spec.config["x"] - 0.7) ** 2 - (spec.config["y"] - 0.2) ** 2
+        controller.on_rung(spec.trial_id, Result({"score": value}, 1))
+        for step in (3, 9) if index % 3 == 0 else ():
+            controller.on_rung(spec.trial_id, Result({"score": final - 0.1 / step}, step))
+        controller.tell(spec.trial_id, Result({"score": value}, 1))
+    return controller.ask().config
+
+
+def test_fit_on_target_ignores_the_rungs_below_the_target():
+    """Fitted at its target fidelity (9, reached by 4 of 12 trials), the model proposes the same config whatever
+    the first step said; fitted to every fidelity, the first step moves its proposal."""
+    rng = np.random.default_rng(0)
+    first, second = rng.random(12).tolist(), rng.random(12).tolist()
+    assert _proposal_after("target", first) == _proposal_after("target", second)
+    assert _proposal_after("all", first) != _proposal_after("all", second)
+
+
+def test_fit_on_target_trains_on_the_target_fidelity_and_above():
+    controller = ModelBasedMultiFidelity({"x": nasplat.Float(0.0, 1.0)}, metric="score", seed=0, fit_on="target",
+                                         min_at_target=2)
+    trials = [controller.ask().trial_id for _ in range(5)]
+    for trial_id, steps in zip(trials, [(1,), (1,), (1, 3), (1, 3, 9), (1, 3)]):
+        for step in steps:
+            controller.on_rung(trial_id, Result({"score": 0.1 * step + 0.01 * trial_id}, step))
+    assert controller.target() == 3  # observed twice or more: steps 1 and 3
+    inputs, scores, trained = controller.training_set()
+    assert sorted(np.exp(inputs[:, -1]).round().astype(int).tolist()) == [3, 3, 3, 9]
+    assert trained == [trials[2], trials[3], trials[4]]
+    assert sorted(scores.round(2).tolist()) == [0.32, 0.33, 0.34, 0.93]
+    controller.fit_on = "all"
+    assert len(controller.training_set()[1]) == 9
+
+
 def test_bad_options_are_one_line():
+    with pytest.raises(ValueError, match=r"`fit_on` must be one of \['all', 'target'\], got fit_on='last'"):
+        ModelBasedMultiFidelity({"x": nasplat.Float(0, 1)}, metric="s", fit_on="last")
     with pytest.raises(ValueError, match="max_points") as info:
         ModelBasedMultiFidelity({"x": nasplat.Float(0, 1)}, metric="s", max_points=1)
     assert "\n" not in str(info.value)
@@ -281,6 +323,8 @@ TABLE_RUN = {**MOBSTER, "trainer": "trainers.lc_table:LCTable", "space": "search
              "scheduler": {"name": "asha", "type": "promote", "rank_by": "curve"}}
 # with `delayed`, ASHA holds back promotions that the run above makes from the 24th row on (checked likewise)
 TABLE_DELAYED_RUN = {**TABLE_RUN, "scheduler": {**TABLE_RUN["scheduler"], "delayed": True}}
+# and with the model fitted at its target fidelity only (`fit_on: target`)
+TABLE_TARGET_RUN = {**TABLE_DELAYED_RUN, "controller_options": {**MOBSTER["controller_options"], "fit_on": "target"}}
 
 
 def _drive(tmp_path: Path, name: str, kill_after: int, run: dict) -> subprocess.CompletedProcess:
@@ -297,8 +341,8 @@ def _decisions(folder: Path, metric: str) -> list[tuple]:
 @pytest.mark.slow
 @pytest.mark.parametrize("executor, concurrency, run, kill_after", [
     ("local", 1, TOY_RUN, 30), ("simulated", 3, TOY_RUN, 30), ("simulated", 1, TABLE_RUN, 45),
-    ("simulated", 1, TABLE_DELAYED_RUN, 45)],
-    ids=["local-toy", "simulated-toy", "simulated-table-curve", "simulated-table-delayed"])
+    ("simulated", 1, TABLE_DELAYED_RUN, 45), ("simulated", 1, TABLE_TARGET_RUN, 45)],
+    ids=["local-toy", "simulated-toy", "simulated-table-curve", "simulated-table-delayed", "simulated-table-target"])
 def test_a_killed_model_based_search_resumes_to_the_same_decisions(toy, tmp_path, executor, concurrency, run,
                                                                    kill_after):
     """Replay rebuilds the model's decisions: every recorded decision is taken again, and every trial keeps the

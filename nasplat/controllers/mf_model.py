@@ -17,37 +17,42 @@ import numpy as np
 
 from nasplat.controllers.base import Controller, Result, TrialSpec
 from nasplat.controllers.surrogate.encoding import Encoder, Pool, refill_pool
-from nasplat.core.checks import check_int, check_real
+from nasplat.core.checks import check_choice, check_int, check_real
 from nasplat.space import Config, Space
 from nasplat.space.domains import config_key, copy_config
+
+FIT_ON = ("all", "target")  # the observations the model is fitted to: every fidelity, or the target and above
 
 
 class ModelBasedMultiFidelity(Controller):
     """Proposes configs by a model of the metric over (config, fidelity), for a scheduler to run (MOBSTER).
 
     `initial_configs` (each validated by the space) are proposed first, in their order. It learns from every rung
-    every trial reaches (`on_rung`: paused, stopped, promoted and completed trials alike;
-    wrapped in no scheduler, from each trial's last report by `tell`), one observation per (trial, step). The first
-    `initial_samples` trials are random, and so is a share `random_fraction` of the later ones (drawn from its
-    seeded stream). Otherwise each `ask`:
+    every trial reaches (`on_rung`: paused, stopped, promoted and completed trials alike; wrapped in no scheduler,
+    from each trial's last report by `tell`), one observation per (trial, step). The first `initial_samples`
+    trials are random, and so is a share `random_fraction` of the later ones (drawn from its seeded stream).
+    Otherwise each `ask`:
 
     1. fits a Gaussian process (scikit-learn's, Matern 5/2 with one length scale per input, plus white noise) to
        the maximised scores over the config's encoding and log(step); the kernel's hyperparameters are fitted
        again (from their last values) once `refit_every` new observations, and a quarter more than at the last
-       fit, have arrived (so about logarithmically often), and kept in between. At most
-       `max_points` observations train it, the highest fidelities first (then the latest): the cost of an `ask`
-       stays bounded however long the search;
+       fit, have arrived (so about logarithmically often), and kept in between. At most `max_points`
+       observations train it, the highest fidelities first (then the latest): an `ask`'s cost stays bounded;
     2. conditions it on the trials still running without an observation (their configs at the target fidelity,
        at the model's mean: the "kriging believer"), so that several workers do not get the same region;
     3. gathers candidates: a pool of `pool_size` random configs (drawn once, topped up as they are proposed),
-       every neighbour (`Space.neighbours`) of the
-       `num_parents` configs with the best predicted score and `mutations` mutations of them, leaving out every
-       config within `min_distance` (default 0: none; Euclidean, in the encoding: each number in [0, 1], each
-       choice one-hot) of one proposed before: a near copy of the incumbent adds a trial and little knowledge;
+       every neighbour (`Space.neighbours`) of the `num_parents` configs with the best predicted score and
+       `mutations` mutations of them, leaving out every config within `min_distance` (default 0: none;
+       Euclidean, in the encoding: each number in [0, 1], each choice one-hot) of one proposed before: a near
+       copy of the incumbent adds a trial and little knowledge;
     4. proposes the candidate with the highest expected improvement at the target fidelity over the best
        predicted score of an observed config there. The target fidelity is the highest step observed at least
        `min_at_target` times (the lowest observed while none is), at most `max_steps`: as BOHB's model, judged
        where the data are rather than extrapolated to a fidelity few trials reached.
+
+    `fit_on="target"` fits the model to the observations at the target fidelity and above only (the lower ones
+    still decide the target), as BOHB fits its model at one budget: for spaces whose first rungs rank the good
+    configs unlike the end. The default `"all"` learns from every fidelity.
 
     Once every config of a finite space was proposed, it proposes again (`revisit`, `train_to_end`) the config
     with the best predicted score among those no trial trained as far as the furthest, each once: a config the
@@ -60,7 +65,8 @@ class ModelBasedMultiFidelity(Controller):
     def __init__(self, space: Space | Mapping[str, Any], *, initial_samples: int = 10, max_steps: int | None = None,
                  max_points: int = 128, refit_every: int = 10, pool_size: int = 500, num_parents: int = 3,
                  mutations: int = 20, random_fraction: float = 0.0, min_at_target: int = 3,
-                 min_distance: float = 0.0, initial_configs: Sequence[Config] = (), **kwargs: Any) -> None:
+                 min_distance: float = 0.0, fit_on: str = "all", initial_configs: Sequence[Config] = (),
+                 **kwargs: Any) -> None:
         super().__init__(space, **kwargs)
         for config in initial_configs:
             self.space.validate(config)
@@ -73,6 +79,7 @@ class ModelBasedMultiFidelity(Controller):
         check_int("max_steps", max_steps, minimum=1, optional=True)
         check_real("random_fraction", random_fraction, minimum=0, maximum=1)
         self.min_distance = check_real("min_distance", min_distance, minimum=0)
+        self.fit_on = check_choice("fit_on", fit_on, FIT_ON)
         self.initial_samples, self.max_steps, self.max_points = initial_samples, max_steps, max_points
         self.refit_every, self.pool_size, self.num_parents = refit_every, pool_size, num_parents
         self.mutations, self.random_fraction = mutations, float(random_fraction)
@@ -217,8 +224,12 @@ class ModelBasedMultiFidelity(Controller):
 
     def training_set(self) -> tuple[np.ndarray, np.ndarray, list[int]]:
         """The model's inputs and maximised scores, and the trials they come from: at most `max_points`
-        observations, the highest fidelities first, then the latest."""
+        observations (with `fit_on="target"`, of those at the target fidelity and above), the highest fidelities
+        first, then the latest."""
         rows = list(self.observed.items())
+        if self.fit_on == "target":
+            target = self.target()
+            rows = [row for row in rows if row[0][1] >= target]
         order = sorted(range(len(rows)), key=lambda i: (-rows[i][0][1], -i))[:self.max_points]
         chosen = [rows[i] for i in sorted(order)]
         trials = [trial for (trial, _), _ in chosen]
@@ -227,8 +238,7 @@ class ModelBasedMultiFidelity(Controller):
 
     def _fit(self) -> tuple[Any, int, list[int]]:
         """The model conditioned on the observations and on the pending trials' believed scores (its
-        hyperparameters fitted again when due), the
-        target fidelity, and the trials it was trained on."""
+        hyperparameters fitted again when due), the target fidelity, and the trials it was trained on."""
         from sklearn.gaussian_process import GaussianProcessRegressor
         from sklearn.gaussian_process.kernels import ConstantKernel, Matern, WhiteKernel
 
