@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -65,8 +65,8 @@ class ModelBasedMultiFidelity(Controller):
     def __init__(self, space: Space | Mapping[str, Any], *, initial_samples: int = 10, max_steps: int | None = None,
                  max_points: int = 128, refit_every: int = 10, pool_size: int = 500, num_parents: int = 3,
                  mutations: int = 20, random_fraction: float = 0.0, min_at_target: int = 3,
-                 min_distance: float = 0.0, fit_on: str = "all", initial_configs: Sequence[Config] = (),
-                 **kwargs: Any) -> None:
+                 min_distance: float = 0.0, fit_on: Literal["all", "target"] = "all",
+                 initial_configs: Sequence[Config] = (), **kwargs: Any) -> None:
         super().__init__(space, **kwargs)
         for config in initial_configs:
             self.space.validate(config)
