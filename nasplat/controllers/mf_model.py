@@ -1,10 +1,7 @@
 """Asynchronous model-based multi-fidelity search (after MOBSTER, Klein et al. 2020): a Gaussian process over
 (config, fidelity) learned from every rung of every trial, proposing into a scheduler (ASHA, Hyperband) by
-expected improvement at the highest fidelity.
-
-The model is scikit-learn's `GaussianProcessRegressor` (a Matern 5/2 kernel with one length scale per input,
-plus noise) over the `Encoder` features of a config and the log of the step it was measured at.
-"""
+expected improvement at the highest fidelity (scikit-learn's `GaussianProcessRegressor` over the `Encoder`
+features of a config and the log of the step it was measured at)."""
 
 from __future__ import annotations
 
@@ -20,8 +17,6 @@ from nasplat.controllers.surrogate.encoding import Encoder, Pool, refill_pool
 from nasplat.core.checks import check_choice, check_int, check_real
 from nasplat.space import Config, Space
 from nasplat.space.domains import config_key, copy_config
-
-FIT_ON = ("all", "target")  # the observations the model is fitted to: every fidelity, or the target and above
 
 
 class ModelBasedMultiFidelity(Controller):
@@ -51,8 +46,8 @@ class ModelBasedMultiFidelity(Controller):
        where the data are rather than extrapolated to a fidelity few trials reached.
 
     `fit_on="target"` fits the model to the observations at the target fidelity and above only (the lower ones
-    still decide the target), as BOHB fits its model at one budget: for spaces whose first rungs rank the good
-    configs unlike the end. The default `"all"` learns from every fidelity.
+    still decide the target), as BOHB fits its model at one budget, for spaces whose first rungs rank the good
+    configs unlike the end; `"all"` (the default) fits every fidelity.
 
     Once every config of a finite space was proposed, it proposes again (`revisit`, `train_to_end`) the config
     with the best predicted score among those no trial trained as far as the furthest, each once: a config the
@@ -79,7 +74,7 @@ class ModelBasedMultiFidelity(Controller):
         check_int("max_steps", max_steps, minimum=1, optional=True)
         check_real("random_fraction", random_fraction, minimum=0, maximum=1)
         self.min_distance = check_real("min_distance", min_distance, minimum=0)
-        self.fit_on = check_choice("fit_on", fit_on, FIT_ON)
+        self.fit_on = check_choice("fit_on", fit_on, ("all", "target"))
         self.initial_samples, self.max_steps, self.max_points = initial_samples, max_steps, max_points
         self.refit_every, self.pool_size, self.num_parents = refit_every, pool_size, num_parents
         self.mutations, self.random_fraction = mutations, float(random_fraction)
